@@ -1,0 +1,1 @@
+//! Everything a DRA node driver needs that is not device-specific.

@@ -1,0 +1,1 @@
+//! Generated sysfs and `/dev` trees that look like real AWS accelerator nodes.

@@ -1,0 +1,95 @@
+//! `cargo xtask ci`: the one command that says whether a change is good.
+//!
+//! Each step runs as its own process so its output streams as it comes; the
+//! summary at the end names every step with its result and duration.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+#[derive(clap::Args)]
+pub struct CiArgs {
+    /// Keep going after a failed step, to see every failure in one run.
+    #[arg(long)]
+    keep_going: bool,
+}
+
+struct Step {
+    name: &'static str,
+    program: &'static str,
+    args: &'static [&'static str],
+}
+
+const STEPS: &[Step] = &[
+    Step {
+        name: "fmt",
+        program: "cargo",
+        args: &["fmt", "--all", "--check"],
+    },
+    Step {
+        name: "clippy",
+        program: "cargo",
+        args: &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--locked",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    },
+    Step {
+        name: "test",
+        program: "cargo",
+        args: &["test", "--workspace", "--locked"],
+    },
+];
+
+pub fn run(args: CiArgs) -> Result<()> {
+    let started = Instant::now();
+    let mut results: Vec<(&str, bool, Duration)> = Vec::new();
+    for step in STEPS {
+        eprintln!(
+            "==> ci: {} ({} {})",
+            step.name,
+            step.program,
+            step.args.join(" ")
+        );
+        let t = Instant::now();
+        let ok = Command::new(step.program)
+            .args(step.args)
+            .status()
+            .map(|s| s.success())?;
+        results.push((step.name, ok, t.elapsed()));
+        if !ok && !args.keep_going {
+            break;
+        }
+    }
+    let failed: Vec<&str> = results.iter().filter(|r| !r.1).map(|r| r.0).collect();
+    let summary: Vec<String> = results
+        .iter()
+        .map(|(n, ok, d)| {
+            format!(
+                "{n} {} ({:.0}s)",
+                if *ok { "ok" } else { "FAILED" },
+                d.as_secs_f64()
+            )
+        })
+        .collect();
+    eprintln!(
+        "ci: {} in {:.0}s: {}",
+        if failed.is_empty() {
+            "PASSED"
+        } else {
+            "FAILED"
+        },
+        started.elapsed().as_secs_f64(),
+        summary.join(", ")
+    );
+    if !failed.is_empty() {
+        bail!("ci failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
