@@ -45,6 +45,17 @@ const STEPS: &[Step] = &[
         program: "cargo",
         args: &["test", "--workspace", "--locked"],
     },
+    // The container image's compile step (same command as the Dockerfile).
+    Step {
+        name: "image-build",
+        program: "cargo",
+        args: crate::image::BUILD_ARGS,
+    },
+    Step {
+        name: "charts",
+        program: "cargo",
+        args: &["xtask", "charts", "check"],
+    },
 ];
 
 pub fn run(args: CiArgs) -> Result<()> {

@@ -1,7 +1,15 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so that it runs
 //! wherever cargo does.
 
+mod charts;
 mod ci;
+mod e2e;
+#[cfg(test)]
+mod examples;
+mod helm;
+mod image;
+mod kind;
+mod manifests;
 
 use clap::{Parser, Subcommand};
 
@@ -19,10 +27,16 @@ struct Cli {
 enum Task {
     /// Everything a change must pass: fmt, clippy, tests (and the end-to-end suite).
     Ci(ci::CiArgs),
+    /// Helm charts: `check` (lint + render + assertions with real helm), `render`.
+    Charts(charts::ChartsArgs),
+    /// End-to-end suite: `--cluster kind` (Docker) or `--cluster local`.
+    E2e(e2e::E2eArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Ci(args) => ci::run(args),
+        Task::Charts(args) => charts::run(args),
+        Task::E2e(args) => e2e::run(args),
     }
 }

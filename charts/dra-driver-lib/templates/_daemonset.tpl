@@ -1,0 +1,196 @@
+{{/*
+The node plugin DaemonSet. One pod per accelerator node runs `<binary> run`.
+
+Host directories are mounted at the SAME path inside the container as on the
+host: kubelet dials the sockets by the host path the plugin advertises, and
+the CDI specs the driver writes name host paths of device nodes, which the
+container runtime resolves on the host.
+*/}}
+{{- define "dra-driver-lib.daemonset" -}}
+{{- $registrar := include "dra-driver-lib.registrarDir" . -}}
+{{- $plugins := include "dra-driver-lib.pluginsDir" . -}}
+{{- $devMount := include "dra-driver-lib.devMountPath" . -}}
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: {{ include "dra-driver-lib.fullname" . }}
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+spec:
+  selector:
+    matchLabels:
+      {{- include "dra-driver-lib.selectorLabels" . | nindent 6 }}
+  # Seamless upgrade (kubelet 1.33+): the new pod starts next to the old one
+  # on each node, each with its own socket names derived from POD_UID, and
+  # the old one goes away only once the new one is ready. A node never has
+  # zero plugins, so pods that need a prepare during the upgrade keep working.
+  updateStrategy:
+    type: RollingUpdate
+    rollingUpdate:
+      maxSurge: 1
+      maxUnavailable: 0
+  template:
+    metadata:
+      labels:
+        {{- include "dra-driver-lib.selectorLabels" . | nindent 8 }}
+        {{- with .Values.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with .Values.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "dra-driver-lib.serviceAccountName" . }}
+      # The token is needed: the driver reads claims and writes its slices.
+      automountServiceAccountToken: true
+      {{- with .Values.priorityClassName }}
+      # Losing the plugin means the node's devices cannot be prepared or
+      # released: it must not be evicted before the workloads it serves.
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with .Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      securityContext:
+        seccompProfile:
+          type: RuntimeDefault
+      {{- with .Values.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- if .Values.nodeAffinity.instanceTypes }}
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+              - matchExpressions:
+                  - key: node.kubernetes.io/instance-type
+                    operator: In
+                    values:
+                      {{- toYaml .Values.nodeAffinity.instanceTypes | nindent 22 }}
+      {{- end }}
+      {{- with .Values.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: driver
+          image: {{ include "dra-driver-lib.image" . | quote }}
+          imagePullPolicy: {{ .Values.image.pullPolicy }}
+          command: [{{ printf "/usr/local/bin/%s" (include "dra-driver-lib.binary" .) | quote }}]
+          args:
+            - run
+            - --driver-name={{ .Values.driver.name }}
+            - --sysfs-root={{ .Values.hostPaths.sysfsRoot }}
+            - --dev-root={{ .Values.hostPaths.devRoot }}
+            - --log-format={{ .Values.logFormat }}
+            {{- if .Values.allowDevicePluginCoexistence }}
+            - --allow-device-plugin-coexistence
+            {{- end }}
+          env:
+            - name: NODE_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: spec.nodeName
+            # Distinct socket names per pod: what lets two plugin pods run
+            # side by side during a rolling update.
+            - name: POD_UID
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.uid
+            - name: KUBELET_REGISTRAR_DIRECTORY_PATH
+              value: {{ $registrar | quote }}
+            - name: KUBELET_PLUGINS_DIRECTORY_PATH
+              value: {{ $plugins | quote }}
+            - name: CDI_ROOT
+              value: {{ .Values.hostPaths.cdiRoot | quote }}
+            - name: METRICS_ADDRESS
+              value: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
+            - name: RUST_LOG
+              value: {{ .Values.logLevel | quote }}
+          ports:
+            - name: metrics
+              containerPort: {{ .Values.metrics.port }}
+              protocol: TCP
+          # /healthz answers only after the driver has called its own
+          # registration and DRA sockets, the ones kubelet uses.
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: metrics
+            {{- toYaml .Values.livenessProbe | nindent 12 }}
+          {{- with .Values.resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          # The host directories the driver writes (kubelet plugin and
+          # registry dirs, CDI dir) belong to root with mode 0755/0750, so the
+          # process runs as UID 0 -- but with NO capabilities: as the owner of
+          # those directories root needs none to create its sockets and spec
+          # files, and root-only sysfs files (Neuron's connected_devices,
+          # core_count) are readable by their owner without CAP_DAC_OVERRIDE.
+          # A non-root UID would need CAP_DAC_OVERRIDE, which Kubernetes only
+          # grants to UID 0 anyway (no ambient capabilities).
+          securityContext:
+            runAsUser: 0
+            runAsGroup: 0
+            runAsNonRoot: false
+            readOnlyRootFilesystem: true
+            {{- if .Values.privileged }}
+            # privileged: true was asked for in values (see the comment on
+            # `privileged` in values.yaml for what it enables and costs).
+            privileged: true
+            {{- else }}
+            privileged: false
+            allowPrivilegeEscalation: false
+            capabilities:
+              drop: ["ALL"]
+            {{- end }}
+            seccompProfile:
+              type: RuntimeDefault
+          {{- if eq $devMount .Values.hostPaths.devRoot }}
+          # The whole device directory is mounted read-only, so the default
+          # /dev/termination-log cannot be created there: keep it in the
+          # (writable until start-up) container root instead.
+          terminationMessagePath: /tmp/termination-log
+          {{- end }}
+          volumeMounts:
+            - name: plugins-registry
+              mountPath: {{ $registrar | quote }}
+            - name: plugin-dir
+              mountPath: {{ printf "%s/%s" $plugins .Values.driver.name | quote }}
+            - name: cdi
+              mountPath: {{ .Values.hostPaths.cdiRoot | quote }}
+            - name: sys
+              mountPath: {{ .Values.hostPaths.sysfsRoot | quote }}
+              readOnly: true
+            - name: dev
+              mountPath: {{ $devMount | quote }}
+              readOnly: true
+      volumes:
+        - name: plugins-registry
+          hostPath:
+            path: {{ $registrar | quote }}
+            type: DirectoryOrCreate
+        # Only this driver's own directory under the plugins dir: its socket,
+        # checkpoint and lock file live there, nothing else is needed.
+        - name: plugin-dir
+          hostPath:
+            path: {{ printf "%s/%s" $plugins .Values.driver.name | quote }}
+            type: DirectoryOrCreate
+        - name: cdi
+          hostPath:
+            path: {{ .Values.hostPaths.cdiRoot | quote }}
+            type: DirectoryOrCreate
+        - name: sys
+          hostPath:
+            path: {{ .Values.hostPaths.sysfsRoot | quote }}
+            type: Directory
+        - name: dev
+          hostPath:
+            path: {{ $devMount | quote }}
+            type: DirectoryOrCreate
+{{- end -}}

@@ -1,0 +1,61 @@
+{{/*
+Least-privilege access of the node plugin:
+- resourceclaims: get, to read a claim's allocation at prepare time (by name;
+  no list or watch: kubelet names the claims);
+- resourceslices: what the publisher needs to reconcile its node's pool
+  (watch with a field selector on its node and driver, create, update, delete
+  stale slices). Which slices it may touch is narrowed further by the
+  ValidatingAdmissionPolicy: RBAC cannot express "only my node's objects";
+- nodes: get, to set the Node as owner of the slices (garbage collection).
+*/}}
+{{- define "dra-driver-lib.serviceaccount" -}}
+{{- if .Values.serviceAccount.create -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ include "dra-driver-lib.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+  {{- with .Values.serviceAccount.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{- define "dra-driver-lib.rbac" -}}
+{{- if .Values.rbac.create -}}
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ include "dra-driver-lib.fullname" . }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+rules:
+  - apiGroups: ["resource.k8s.io"]
+    resources: ["resourceclaims"]
+    verbs: ["get"]
+  - apiGroups: ["resource.k8s.io"]
+    resources: ["resourceslices"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+  - apiGroups: [""]
+    resources: ["nodes"]
+    verbs: ["get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{ include "dra-driver-lib.fullname" . }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ include "dra-driver-lib.fullname" . }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ include "dra-driver-lib.serviceAccountName" . }}
+    namespace: {{ .Release.Namespace }}
+{{- end -}}
+{{- end -}}

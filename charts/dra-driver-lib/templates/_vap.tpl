@@ -1,0 +1,65 @@
+{{/*
+Each node's driver may only create, update or delete ResourceSlices of its own
+node and its own driver name, so that a compromised node cannot publish (or
+withdraw) devices for another node. The node comes from the service account
+token bound to the pod: user.extra["authentication.kubernetes.io/node-name"]
+(ServiceAccountTokenPodNodeInfo, on by default since 1.32). For DELETE there
+is no new object: the old one is checked. All API versions are matched, so
+that the policy cannot be bypassed through an older version of the API.
+*/}}
+{{- define "dra-driver-lib.validatingadmissionpolicy" -}}
+{{- if .Values.validatingAdmissionPolicy.enabled -}}
+{{- $name := printf "%s-resourceslices" (include "dra-driver-lib.fullname" .) | trunc 63 | trimSuffix "-" -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: ["resource.k8s.io"]
+        apiVersions: ["*"]
+        operations: ["CREATE", "UPDATE", "DELETE"]
+        resources: ["resourceslices"]
+  matchConditions:
+    - name: is-this-driver
+      expression: >-
+        request.userInfo.username == "system:serviceaccount:{{ .Release.Namespace }}:{{ include "dra-driver-lib.serviceAccountName" . }}"
+  variables:
+    - name: userNodeName
+      expression: >-
+        request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')
+    - name: slice
+      expression: >-
+        request.operation == 'DELETE' ? oldObject : object
+    - name: sliceNodeName
+      expression: >-
+        variables.slice.spec.?nodeName.orValue('')
+  validations:
+    - expression: variables.userNodeName != ''
+      message: >-
+        the request carries no node name: the driver must run in a pod whose service account
+        token is bound to its node (feature ServiceAccountTokenPodNodeInfo)
+    - expression: variables.userNodeName == variables.sliceNodeName
+      messageExpression: >-
+        "the driver on node '" + variables.userNodeName + "' may not modify " +
+        (variables.sliceNodeName == '' ? "ResourceSlices that are not bound to a node"
+          : "ResourceSlices of node '" + variables.sliceNodeName + "'")
+    - expression: variables.slice.spec.driver == {{ .Values.driver.name | quote }}
+      messageExpression: >-
+        "this service account may only modify ResourceSlices of driver {{ .Values.driver.name }}, not '" + variables.slice.spec.driver + "'"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+spec:
+  policyName: {{ $name }}
+  validationActions: [Deny]
+{{- end -}}
+{{- end -}}

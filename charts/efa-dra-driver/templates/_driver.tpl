@@ -1,0 +1,4 @@
+{{/* Constants of this chart, read by the dra-driver-lib templates. */}}
+{{- define "efa-dra-driver.binary" -}}efa-driver{{- end -}}
+{{/* The EFA driver only looks at /dev/infiniband (uverbsN, rdma_cm). */}}
+{{- define "efa-dra-driver.devSubPath" -}}infiniband{{- end -}}
