@@ -118,6 +118,7 @@ pub fn reconcile(observed: &[ResourceSlice], desired: &[ResourceSlice]) -> Vec<S
                     // Keep what others put on our object; replace the rest.
                     labels: o.metadata.labels.clone(),
                     annotations: o.metadata.annotations.clone(),
+                    finalizers: o.metadata.finalizers.clone(),
                     resource_version: o.metadata.resource_version.clone(),
                     ..Default::default()
                 };
@@ -513,12 +514,14 @@ mod tests {
     fn update_carries_observed_resource_version_and_foreign_metadata() {
         let mut observed = stored(&desired(0..4), 3);
         observed[0].metadata.labels = Some([("team".to_string(), "ml".to_string())].into());
+        observed[0].metadata.finalizers = Some(vec!["example.com/keep".to_string()]);
         let actions = reconcile(&observed, &desired(0..5));
         let [SliceAction::Update(u)] = actions.as_slice() else {
             panic!("expected one update: {actions:?}")
         };
         assert_eq!(u.metadata.resource_version.as_deref(), Some("100"));
         assert_eq!(u.metadata.labels, observed[0].metadata.labels);
+        assert_eq!(u.metadata.finalizers, observed[0].metadata.finalizers);
         assert_eq!(
             u.metadata.owner_references,
             desired(0..1)[0].metadata.owner_references
