@@ -11,7 +11,7 @@
 //! [`slice_name`]) rather than `generateName`: a crash between a create and
 //! the next list cannot leave an orphan twin behind, reconcile can match
 //! observed to desired slices by name, and `discover` shows the names `run`
-//! will use. The pool generation here is always 1; [`super::reconcile`] sets the
+//! will use. The pool generation here is always 1; [`super::reconcile()`] sets the
 //! real one from what the API server already has.
 
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};

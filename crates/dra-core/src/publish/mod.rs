@@ -1,7 +1,7 @@
 //! Publishing the driver's devices as the node's ResourceSlice pool.
 //!
 //! Split so that everything with rules in it is pure and table-tested:
-//! [`validate`] (API limits), [`desired`] (devices → slices), [`reconcile`]
+//! [`validate`] (API limits), [`desired`] (devices → slices), [`mod@reconcile`]
 //! (observed + desired → API calls); [`publisher`] is the thin async loop that
 //! feeds them from a watch and applies the result with backoff.
 
