@@ -1,0 +1,98 @@
+//! Capped exponential backoff with jitter, for retrying API calls.
+//!
+//! Each failure doubles the base delay up to `max`; the actual delay is drawn
+//! uniformly from `[base/2, base]` ("equal jitter") so that the drivers of a
+//! whole fleet of nodes do not hit a recovering API server in lockstep.
+
+use std::time::Duration;
+
+/// Backoff bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackoffConfig {
+    /// Base delay after the first failure.
+    pub initial: Duration,
+    /// Largest base delay.
+    pub max: Duration,
+}
+
+impl Default for BackoffConfig {
+    /// 1 s doubling to at most 2 min.
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Backoff state: failures since the last success.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    config: BackoffConfig,
+    failures: u32,
+}
+
+impl Backoff {
+    /// Fresh state (no failures yet).
+    pub fn new(config: BackoffConfig) -> Self {
+        Self {
+            config,
+            failures: 0,
+        }
+    }
+
+    /// Forget past failures (call after a success).
+    pub fn reset(&mut self) {
+        self.failures = 0;
+    }
+
+    /// Delay before the next attempt, with random jitter.
+    pub fn next_delay(&mut self) -> Duration {
+        self.next_delay_with(rand::random::<f64>())
+    }
+
+    /// Delay before the next attempt; `unit` in `[0, 1]` picks the point in the
+    /// jitter window (injectable for tests).
+    pub fn next_delay_with(&mut self, unit: f64) -> Duration {
+        let exp = self.failures.min(31);
+        self.failures = self.failures.saturating_add(1);
+        let base = self
+            .config
+            .initial
+            .checked_mul(1u32 << exp)
+            .unwrap_or(self.config.max)
+            .min(self.config.max);
+        let half = base / 2;
+        half + half.mul_f64(unit.clamp(0.0, 1.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_caps_and_resets() {
+        let mut b = Backoff::new(BackoffConfig {
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(1000),
+        });
+        let upper: Vec<u128> = (0..7).map(|_| b.next_delay_with(1.0).as_millis()).collect();
+        assert_eq!(upper, [100, 200, 400, 800, 1000, 1000, 1000]);
+        b.reset();
+        assert_eq!(b.next_delay_with(0.0), Duration::from_millis(50));
+        assert_eq!(b.next_delay_with(0.5), Duration::from_millis(150));
+    }
+
+    #[test]
+    fn random_jitter_stays_in_window() {
+        let mut b = Backoff::new(BackoffConfig::default());
+        for _ in 0..100 {
+            let d = b.next_delay();
+            assert!(
+                d >= Duration::from_millis(500) && d <= Duration::from_secs(120),
+                "{d:?}"
+            );
+        }
+    }
+}

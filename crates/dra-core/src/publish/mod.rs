@@ -1,0 +1,21 @@
+//! Publishing the driver's devices as the node's ResourceSlice pool.
+//!
+//! Split so that everything with rules in it is pure and table-tested:
+//! [`validate`] (API limits), [`desired`] (devices → slices), [`mod@reconcile`]
+//! (observed + desired → API calls); [`publisher`] is the thin async loop that
+//! feeds them from a watch and applies the result with backoff.
+
+mod backoff;
+pub mod desired;
+pub mod publisher;
+pub(crate) mod quantity;
+pub mod reconcile;
+pub mod validate;
+
+pub use backoff::{Backoff, BackoffConfig};
+pub use desired::{
+    DesiredPool, MAX_DEVICES_PER_SLICE, NodeOwner, desired_pool, desired_slices, slice_name,
+};
+pub use publisher::{PublishMetrics, PublisherConfig, PublisherConfigError, run};
+pub use reconcile::{SliceAction, reconcile};
+pub use validate::{IssueAction, IssueReason, ValidationIssue, validate_devices};

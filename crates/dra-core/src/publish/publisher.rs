@@ -1,0 +1,574 @@
+//! The publisher task: keeps the node's pool in the API server equal to the
+//! driver's current devices.
+//!
+//! It lists and watches only its own slices (field selector
+//! `spec.nodeName=<node>,spec.driver=<driver>`) into a reflector store, and runs
+//! [`reconcile`] when the devices change, when a watch event arrives (someone
+//! else edited or deleted a slice: drift repair) and when a retry is due. API
+//! errors are retried with capped exponential backoff and jitter. The task only
+//! awaits the API server and its inputs, so it never blocks the kubelet-facing
+//! part of the process; it ends when `shutdown` completes.
+//!
+//! After its own writes it waits (bounded by [`WRITE_SETTLE_TIMEOUT`]) until
+//! the watch has delivered them, so a reconcile never runs on a store that does
+//! not yet contain our last write: that would cause needless conflicts.
+
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, reflector};
+use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::backoff::{Backoff, BackoffConfig};
+use super::desired::{DesiredPool, NodeOwner, desired_pool};
+use super::reconcile::{SliceAction, reconcile};
+use super::validate::{is_dns_subdomain, log_issues};
+
+/// Longest wait for the watch to show our own writes before reconciling anyway.
+pub const WRITE_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Invalid publisher configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum PublisherConfigError {
+    /// Driver name is not a DNS subdomain of at most 63 characters.
+    #[error("driver name {0:?} must be a DNS subdomain of at most 63 characters")]
+    InvalidDriverName(String),
+    /// Node name is not a DNS subdomain.
+    #[error("node name {0:?} must be a DNS subdomain of at most 253 characters")]
+    InvalidNodeName(String),
+}
+
+/// Metrics of the publisher, registered once per process.
+#[derive(Debug, Clone)]
+pub struct PublishMetrics {
+    /// `dra_published_devices`: devices in the pool after the last successful sync.
+    pub published_devices: IntGauge,
+    /// `dra_publish_errors_total{operation}`: failed API calls
+    /// (`create`/`update`/`delete`/`watch`).
+    pub publish_errors: IntCounterVec,
+    /// `dra_publish_last_success_timestamp_seconds`: Unix time of the last
+    /// reconcile that left the pool in sync (written or already equal).
+    pub last_success: Gauge,
+    /// `dra_resourceslice_writes_total{operation}`: successful slice writes.
+    pub slice_writes: IntCounterVec,
+    /// `dra_device_validation_issues_total{action,reason}`: attributes or
+    /// devices dropped/shortened by validation.
+    pub validation_issues: IntCounterVec,
+}
+
+impl PublishMetrics {
+    /// Creates the metrics and registers them in `registry`.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let m = Self {
+            published_devices: IntGauge::new(
+                "dra_published_devices",
+                "Devices in the node's ResourceSlice pool after the last successful sync.",
+            )?,
+            publish_errors: IntCounterVec::new(
+                Opts::new(
+                    "dra_publish_errors_total",
+                    "Failed ResourceSlice API calls, by operation.",
+                ),
+                &["operation"],
+            )?,
+            last_success: Gauge::new(
+                "dra_publish_last_success_timestamp_seconds",
+                "Unix time of the last reconcile that left the pool in sync.",
+            )?,
+            slice_writes: IntCounterVec::new(
+                Opts::new(
+                    "dra_resourceslice_writes_total",
+                    "Successful ResourceSlice writes, by operation.",
+                ),
+                &["operation"],
+            )?,
+            validation_issues: IntCounterVec::new(
+                Opts::new(
+                    "dra_device_validation_issues_total",
+                    "Attributes, capacities or devices dropped or shortened to meet API limits.",
+                ),
+                &["action", "reason"],
+            )?,
+        };
+        registry.register(Box::new(m.published_devices.clone()))?;
+        registry.register(Box::new(m.publish_errors.clone()))?;
+        registry.register(Box::new(m.last_success.clone()))?;
+        registry.register(Box::new(m.slice_writes.clone()))?;
+        registry.register(Box::new(m.validation_issues.clone()))?;
+        Ok(m)
+    }
+}
+
+/// What the publisher publishes, for whom.
+#[derive(Debug, Clone)]
+pub struct PublisherConfig {
+    driver_name: String,
+    node_name: String,
+    node_owner: Option<NodeOwner>,
+    /// Retry timing for failed API calls.
+    pub backoff: BackoffConfig,
+    /// Where the publisher reports.
+    pub metrics: PublishMetrics,
+}
+
+impl PublisherConfig {
+    /// Checks the names; `node_owner` is the Node for the owner reference
+    /// (see [`crate::node::node_owner`]); without it slices are not
+    /// garbage-collected with the Node.
+    pub fn new(
+        driver_name: &str,
+        node_name: &str,
+        node_owner: Option<NodeOwner>,
+        metrics: PublishMetrics,
+    ) -> Result<Self, PublisherConfigError> {
+        if driver_name.len() > 63 || !is_dns_subdomain(driver_name) {
+            return Err(PublisherConfigError::InvalidDriverName(
+                driver_name.to_owned(),
+            ));
+        }
+        if !is_dns_subdomain(node_name) {
+            return Err(PublisherConfigError::InvalidNodeName(node_name.to_owned()));
+        }
+        Ok(Self {
+            driver_name: driver_name.to_owned(),
+            node_name: node_name.to_owned(),
+            node_owner,
+            backoff: BackoffConfig::default(),
+            metrics,
+        })
+    }
+
+    /// The field selector of the watch.
+    pub fn field_selector(&self) -> String {
+        format!(
+            "spec.nodeName={},spec.driver={}",
+            self.node_name, self.driver_name
+        )
+    }
+
+    fn desired(&self, devices: &[Device]) -> DesiredPool {
+        let pool = desired_pool(
+            &self.driver_name,
+            &self.node_name,
+            self.node_owner.as_ref(),
+            devices,
+        );
+        log_issues(&pool.issues);
+        for issue in &pool.issues {
+            self.metrics
+                .validation_issues
+                .with_label_values(&[issue.action.as_str(), issue.reason.as_str()])
+                .inc();
+        }
+        pool
+    }
+}
+
+/// Runs the publisher until `shutdown` completes. Spawn it as its own task.
+/// If the sender of `devices` goes away the last devices stay published.
+pub async fn run(
+    client: kube::Client,
+    config: PublisherConfig,
+    mut devices: watch::Receiver<Vec<Device>>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let api: Api<ResourceSlice> = Api::all(client);
+    let (store, writer) = reflector::store();
+    let watch_config = watcher::Config::default().fields(&config.field_selector());
+    let events = reflector(writer, watcher::watcher(api.clone(), watch_config)).default_backoff();
+    let mut events = std::pin::pin!(events);
+    let mut shutdown = std::pin::pin!(shutdown);
+
+    let mut desired = config.desired(&devices.borrow_and_update());
+    let mut devices_open = true;
+    let mut synced = false;
+    let mut dirty = true;
+    let mut backoff = Backoff::new(config.backoff);
+    let mut retry_at: Option<Instant> = None;
+    let mut pending = PendingWrites::default();
+    let metrics = &config.metrics;
+    tracing::info!(node = %config.node_name, driver = %config.driver_name, "resourceslice publisher started");
+
+    loop {
+        let now = Instant::now();
+        if pending.expired(now) {
+            pending.clear();
+        }
+        if dirty && synced && retry_at.is_none() && pending.is_empty() {
+            dirty = false;
+            let observed: Vec<ResourceSlice> =
+                store.state().iter().map(|s| (**s).clone()).collect();
+            let actions = reconcile(&observed, &desired.slices);
+            let applied = tokio::select! {
+                r = apply(&api, actions, &mut pending, metrics) => r,
+                () = &mut shutdown => break,
+            };
+            match applied {
+                Ok(()) => {
+                    backoff.reset();
+                    metrics
+                        .published_devices
+                        .set(i64::try_from(desired.device_count).unwrap_or(i64::MAX));
+                    metrics.last_success.set(unix_now());
+                }
+                Err(()) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(
+                        retry_in_ms = delay.as_millis() as u64,
+                        "resourceslice sync failed; will retry"
+                    );
+                    retry_at = Some(Instant::now() + delay);
+                }
+            }
+            continue;
+        }
+
+        let retry = sleep_until_opt(retry_at);
+        let settle = sleep_until_opt(pending.deadline());
+        tokio::select! {
+            () = &mut shutdown => break,
+            changed = devices.changed(), if devices_open => match changed {
+                Ok(()) => {
+                    desired = config.desired(&devices.borrow_and_update());
+                    dirty = true;
+                }
+                Err(_) => {
+                    devices_open = false;
+                    tracing::warn!("device source closed; keeping the last published devices");
+                }
+            },
+            event = events.next() => match event {
+                Some(Ok(Event::InitDone)) => {
+                    // A fresh list is authoritative: it contains our writes.
+                    synced = true;
+                    pending.clear();
+                    dirty = true;
+                }
+                Some(Ok(Event::Apply(s))) => {
+                    pending.observe(&s, false);
+                    dirty = true;
+                }
+                Some(Ok(Event::Delete(s))) => {
+                    pending.observe(&s, true);
+                    dirty = true;
+                }
+                Some(Ok(Event::Init | Event::InitApply(_))) => {}
+                Some(Err(error)) => {
+                    metrics.publish_errors.with_label_values(&["watch"]).inc();
+                    tracing::warn!(%error, "resourceslice watch failed; retrying with backoff");
+                }
+                None => {
+                    // The watcher stream does not end on its own; if it did, the
+                    // publisher can no longer see drift. Say so loudly.
+                    tracing::error!("resourceslice watch ended; publisher stops");
+                    break;
+                }
+            },
+            () = retry => {
+                retry_at = None;
+                dirty = true;
+            }
+            () = settle => pending.clear(),
+        }
+    }
+    tracing::info!("resourceslice publisher stopped");
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Applies actions in order, stopping at the first failure (the next
+/// reconcile recomputes from what the watch shows). Logs one line per action.
+async fn apply(
+    api: &Api<ResourceSlice>,
+    actions: Vec<SliceAction>,
+    pending: &mut PendingWrites,
+    metrics: &PublishMetrics,
+) -> Result<(), ()> {
+    for action in actions {
+        let verb = action.verb();
+        let name = action.slice_name().to_owned();
+        let (generation, devices) = match &action {
+            SliceAction::Create(s) | SliceAction::Update(s) => (
+                s.spec.pool.generation,
+                s.spec.devices.as_ref().map_or(0, Vec::len),
+            ),
+            SliceAction::Delete { .. } => (0, 0),
+        };
+        let result = match action {
+            SliceAction::Create(s) => api
+                .create(&PostParams::default(), &s)
+                .await
+                .map(|s| pending.wrote(&s)),
+            SliceAction::Update(s) => api
+                .replace(&name, &PostParams::default(), &s)
+                .await
+                .map(|s| pending.wrote(&s)),
+            SliceAction::Delete { name, uid } => {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        uid: uid.clone(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&name, &params).await {
+                    Ok(_) => {
+                        pending.deleted(&name, uid);
+                        Ok(())
+                    }
+                    // Already gone: that is what we wanted.
+                    Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                metrics.slice_writes.with_label_values(&[verb]).inc();
+                tracing::info!(action = verb, slice = %name, generation, devices, "resourceslice written");
+            }
+            Err(error) => {
+                metrics.publish_errors.with_label_values(&[verb]).inc();
+                tracing::warn!(action = verb, slice = %name, %error, "resourceslice write failed");
+                return Err(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Our own writes that the watch has not delivered yet.
+#[derive(Debug, Default)]
+struct PendingWrites {
+    entries: Vec<PendingWrite>,
+    deadline: Option<Instant>,
+}
+
+#[derive(Debug, PartialEq)]
+enum PendingWrite {
+    /// Created or updated: waiting for an event with at least this version.
+    Written {
+        name: String,
+        resource_version: Option<u64>,
+    },
+    /// Deleted: waiting for the delete event of this UID.
+    Deleted { name: String, uid: Option<String> },
+}
+
+impl PendingWrites {
+    fn wrote(&mut self, s: &ResourceSlice) {
+        self.push(PendingWrite::Written {
+            name: s.metadata.name.clone().unwrap_or_default(),
+            resource_version: s
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok()),
+        });
+    }
+
+    fn deleted(&mut self, name: &str, uid: Option<String>) {
+        self.push(PendingWrite::Deleted {
+            name: name.to_owned(),
+            uid,
+        });
+    }
+
+    fn push(&mut self, w: PendingWrite) {
+        self.deadline
+            .get_or_insert_with(|| Instant::now() + WRITE_SETTLE_TIMEOUT);
+        self.entries.push(w);
+    }
+
+    /// Crosses off what a watch event proves has been seen.
+    fn observe(&mut self, s: &ResourceSlice, is_delete: bool) {
+        let name = s.metadata.name.as_deref().unwrap_or("");
+        let rv: Option<u64> = s
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok());
+        self.entries.retain(|w| match w {
+            PendingWrite::Written {
+                name: n,
+                resource_version,
+            } => {
+                // Versions are opaque in theory; when either is not a number,
+                // any event for the name counts as "caught up".
+                !(n == name
+                    && match (rv, resource_version) {
+                        (Some(seen), Some(wrote)) => seen >= *wrote,
+                        _ => true,
+                    })
+            }
+            PendingWrite::Deleted { name: n, uid } => {
+                let same_object = uid.is_none() || uid.as_deref() == s.metadata.uid.as_deref();
+                // Deleted when the delete event arrives, or when the name is
+                // back with another UID (someone recreated it).
+                !(n == name && (is_delete && same_object || !is_delete && !same_object))
+            }
+        });
+        if self.entries.is_empty() {
+            self.deadline = None;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        self.deadline.is_some_and(|d| now >= d)
+    }
+
+    fn clear(&mut self) {
+        self.entries.clear();
+        self.deadline = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn slice(name: &str, uid: &str, rv: &str) -> ResourceSlice {
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pending_writes_wait_for_own_versions() {
+        let mut p = PendingWrites::default();
+        p.wrote(&slice("a", "u1", "10"));
+        p.deleted("b", Some("u2".into()));
+        assert!(!p.is_empty());
+        assert!(p.deadline().is_some());
+        p.observe(&slice("a", "u1", "9"), false); // older event still in flight
+        p.observe(&slice("c", "u3", "11"), false); // unrelated
+        assert_eq!(p.entries.len(), 2);
+        p.observe(&slice("a", "u1", "10"), false);
+        assert_eq!(
+            p.entries,
+            vec![PendingWrite::Deleted {
+                name: "b".into(),
+                uid: Some("u2".into())
+            }]
+        );
+        p.observe(&slice("b", "u2", "12"), false); // an update of the old object is not the delete
+        assert!(!p.is_empty());
+        p.observe(&slice("b", "u2", "13"), true);
+        assert!(p.is_empty());
+        assert_eq!(p.deadline(), None);
+    }
+
+    #[test]
+    fn pending_delete_satisfied_by_recreate_and_opaque_versions() {
+        let mut p = PendingWrites::default();
+        p.deleted("b", Some("u2".into()));
+        p.observe(&slice("b", "u9", "20"), false);
+        assert!(p.is_empty());
+        p.wrote(&slice("a", "u1", "not-a-number"));
+        p.observe(&slice("a", "u1", "5"), false);
+        assert!(p.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pending_writes_expire() {
+        let mut p = PendingWrites::default();
+        p.wrote(&slice("a", "u1", "10"));
+        assert!(!p.expired(Instant::now()));
+        tokio::time::advance(WRITE_SETTLE_TIMEOUT).await;
+        assert!(p.expired(Instant::now()));
+    }
+
+    #[test]
+    fn config_checks_names_and_builds_selector() {
+        let reg = Registry::new();
+        let metrics = PublishMetrics::register(&reg).expect("register");
+        let c = PublisherConfig::new(
+            "efa.networking.k8s.aws",
+            "ip-10-0-0-1.ec2.internal",
+            None,
+            metrics.clone(),
+        )
+        .expect("valid");
+        assert_eq!(
+            c.field_selector(),
+            "spec.nodeName=ip-10-0-0-1.ec2.internal,spec.driver=efa.networking.k8s.aws"
+        );
+        assert!(matches!(
+            PublisherConfig::new("Bad_Driver", "n", None, metrics.clone()),
+            Err(PublisherConfigError::InvalidDriverName(d)) if d == "Bad_Driver"
+        ));
+        assert!(matches!(
+            PublisherConfig::new(
+                &format!("{}.io", "a".repeat(61)),
+                "n",
+                None,
+                metrics.clone()
+            ),
+            Err(PublisherConfigError::InvalidDriverName(_))
+        ));
+        assert!(matches!(
+            PublisherConfig::new("d.io", "Node_1", None, metrics),
+            Err(PublisherConfigError::InvalidNodeName(_))
+        ));
+        // Registering twice in one registry is refused, not silently shared.
+        assert!(PublishMetrics::register(&reg).is_err());
+    }
+
+    #[test]
+    fn desired_counts_validation_issues() {
+        let reg = Registry::new();
+        let metrics = PublishMetrics::register(&reg).expect("register");
+        let c = PublisherConfig::new("d.io", "n", None, metrics.clone()).expect("valid");
+        let pool = c.desired(&[
+            Device {
+                name: "BAD".into(),
+                ..Default::default()
+            },
+            Device {
+                name: "ok".into(),
+                ..Default::default()
+            },
+        ]);
+        assert_eq!(pool.device_count, 1);
+        assert_eq!(
+            metrics
+                .validation_issues
+                .with_label_values(&["device_dropped", "invalid_device_name"])
+                .get(),
+            1
+        );
+    }
+}
