@@ -1,0 +1,569 @@
+//! Compact descriptions of AWS instance types: what PCI functions exist,
+//! where they hang in the PCIe tree, on which NUMA node.
+//!
+//! What the descriptions follow (from AWS's published facts):
+//! - p4d.24xlarge: 8 A100, 4 EFA (`efa0`); each EFA shares one PCIe switch
+//!   (and root complex) with a pair of GPUs; root complexes `pci0000:10`,
+//!   `pci0000:20` on NUMA 0, `pci0000:90`, `pci0000:a0` on NUMA 1.
+//! - p5.48xlarge: 8 H100, 32 EFA (`efa1`), 4 per GPU; each GPU, its 4 EFAs
+//!   and one local NVMe drive sit below one switch on their own root complex
+//!   (`pci0000:44` + 0x11·g, so GPUs land on buses 0x53, 0x64, … 0xca as on
+//!   real hosts, and the first EFA on bus 0x4f = `rdmap79s0`); GPUs 0-3
+//!   NUMA 0, 4-7 NUMA 1.
+//! - p5en.48xlarge: the same shape with 8 H200 and 16 EFA (`efa2`), 2 per GPU.
+//! - trn1.32xlarge / trn1n.32xlarge: 16 Trainium chips and 8 / 16 EFAs at
+//!   exactly the addresses of AWS's chip → EFA tables, flat on root buses
+//!   0x10, 0x20 (NUMA 0) and 0x90, 0xa0 (NUMA 1) as on Nitro hosts: chips and
+//!   EFAs are on the root bus itself, so the PCIe tree alone cannot tell which
+//!   EFA of a root complex belongs to which chip (every pair is `PHB`).
+//!   Chips sit at slots 0x1c-0x1f of their root bus.
+//! - trn2.48xlarge: 16 Trainium2 chips (8 cores) and 16 EFAs (`efa2`) at the
+//!   table's addresses; chip i sits on bus (its EFA's bus + 3), which puts
+//!   chip 0 at `0000:cc:00.0` and chip 4 at `0000:6f:00.0` as on real hosts;
+//!   each chip shares a switch with its EFA; two chip/EFA pairs per root
+//!   complex; chips 0-3 and 12-15 NUMA 1, 4-11 NUMA 0.
+//! - inf2.48xlarge: 12 Inferentia2 chips in a ring, no EFA, 3 chips per root
+//!   complex (`pci0000:10`, `20` NUMA 0; `90`, `a0` NUMA 1).
+//! - m5.8xlarge: no accelerator, no EFA, one NUMA node.
+//!
+//! Every instance also has an ENA (`1d0f:ec20`, `ens5` at `0000:00:05.0`)
+//! and an EBS NVMe controller (`1d0f:8061`) on `pci0000:00`; instance types
+//! with local storage add instance-store NVMe (`1d0f:cd01`).
+//!
+//! Invented where unknown (plausible and self-consistent, checked by
+//! [`InstanceSpec::validate`]): bus numbers of bridges, slot numbers of
+//! Nitro-flat devices, bridge ids (root ports `8086:347a`, switch ports
+//! `1000:c030`), link speeds, Neuron `info/architecture` strings. Bridge bus
+//! ranges (`secondary_bus_number`, `subordinate_bus_number`) are not written.
+
+use std::fmt;
+
+/// A PCI address inside the generator (the generator does not depend on
+/// the `topology` crate, so that crate's tests can use the generator).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bdf {
+    pub domain: u16,
+    pub bus: u8,
+    pub device: u8,
+    pub function: u8,
+}
+
+impl Bdf {
+    pub const fn new(bus: u8, device: u8) -> Bdf {
+        Bdf {
+            domain: 0,
+            bus,
+            device,
+            function: 0,
+        }
+    }
+
+    /// The predictable RDMA device name systemd/rdma-core gives the function
+    /// (`rdmap<bus>s<slot>` in decimal, `f<fn>` when the function is not 0).
+    pub fn rdma_name(&self) -> String {
+        let mut s = String::from("rdma");
+        if self.domain != 0 {
+            s.push_str(&format!("P{}", self.domain));
+        }
+        s.push_str(&format!("p{}s{}", self.bus, self.device));
+        if self.function != 0 {
+            s.push_str(&format!("f{}", self.function));
+        }
+        s
+    }
+}
+
+impl fmt::Display for Bdf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:04x}:{:02x}:{:02x}.{:x}",
+            self.domain, self.bus, self.device, self.function
+        )
+    }
+}
+
+/// An endpoint function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// An EFA with the given PCI device id (`0xefa0`…).
+    Efa { device_id: u16 },
+    /// NVIDIA GPU number `index` (its `/dev/nvidia<index>`).
+    NvidiaGpu { index: u32, device_id: u16 },
+    /// Neuron chip number `index` (its `/dev/neuron<index>`).
+    Neuron { index: u32 },
+    /// ENA network adapter with its interface name.
+    Ena { ifname: &'static str },
+    /// NVMe controller (`0xcd01` instance store, `0x8061` EBS).
+    Nvme { device_id: u16 },
+}
+
+/// A node of the PCIe tree below a root complex.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    Bridge { bdf: Bdf, children: Vec<Node> },
+    Device { bdf: Bdf, kind: DeviceKind },
+}
+
+impl Node {
+    pub fn bdf(&self) -> Bdf {
+        match self {
+            Node::Bridge { bdf, .. } | Node::Device { bdf, .. } => *bdf,
+        }
+    }
+}
+
+/// One PCI root complex, `pci0000:<bus>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootComplex {
+    pub bus: u8,
+    /// NUMA node written into every function below (`-1` = unknown).
+    pub numa_node: i32,
+    pub children: Vec<Node>,
+}
+
+/// How Neuron chips are wired to each other (`connected_devices`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChipTopology {
+    /// 4×4 2D torus, chip N at x = N/4, y = N%4; neighbours listed as
+    /// x-1, y-1, x+1, y+1 (chip 0: `12, 3, 4, 1`).
+    Torus4x4,
+    /// Ring: previous, next.
+    Ring,
+}
+
+/// What every Neuron chip of the instance looks like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NeuronSpec {
+    pub device_id: u16,
+    pub core_count: u32,
+    pub topology: ChipTopology,
+    pub arch_type: &'static str,
+    pub device_name: &'static str,
+    pub instance_label: &'static str,
+}
+
+/// A compact description of one instance type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceSpec {
+    pub instance_type: &'static str,
+    /// `cpulist` of NUMA node 0, 1, …
+    pub numa_cpulists: &'static [&'static str],
+    pub roots: Vec<RootComplex>,
+    pub neuron: Option<NeuronSpec>,
+}
+
+/// The instance types that have a description.
+pub const INSTANCE_TYPES: &[&str] = &[
+    "p4d.24xlarge",
+    "p5.48xlarge",
+    "p5en.48xlarge",
+    "trn1.32xlarge",
+    "trn1n.32xlarge",
+    "trn2.48xlarge",
+    "inf2.48xlarge",
+    "m5.8xlarge",
+];
+
+/// Looks up the description of an instance type.
+pub fn spec(instance_type: &str) -> Option<InstanceSpec> {
+    Some(match instance_type {
+        "p4d.24xlarge" => p4d(),
+        "p5.48xlarge" => p5("p5.48xlarge", 0xefa1, 0x2330, 4),
+        "p5en.48xlarge" => p5("p5en.48xlarge", 0xefa2, 0x2335, 2),
+        "trn1.32xlarge" => trn1("trn1.32xlarge", TRN1_EFA_SLOTS),
+        "trn1n.32xlarge" => trn1("trn1n.32xlarge", TRN1N_EFA_SLOTS),
+        "trn2.48xlarge" => trn2(),
+        "inf2.48xlarge" => inf2(),
+        "m5.8xlarge" => m5(),
+        _ => return None,
+    })
+}
+
+const CPUS_192: &[&str] = &["0-47,96-143", "48-95,144-191"];
+
+fn ep(bus: u8, slot: u8, kind: DeviceKind) -> Node {
+    Node::Device {
+        bdf: Bdf::new(bus, slot),
+        kind,
+    }
+}
+
+/// Root port `root_bus:rp_slot.0` → switch upstream port on `usp_bus` →
+/// one downstream port per endpoint on `dsp_bus` → each endpoint at
+/// `<its bus>:00.0`.
+fn switched(
+    root_bus: u8,
+    rp_slot: u8,
+    usp_bus: u8,
+    dsp_bus: u8,
+    endpoints: Vec<(u8, DeviceKind)>,
+) -> Node {
+    let dsps = endpoints
+        .into_iter()
+        .enumerate()
+        .map(|(k, (bus, kind))| Node::Bridge {
+            bdf: Bdf::new(dsp_bus, k as u8),
+            children: vec![ep(bus, 0, kind)],
+        })
+        .collect();
+    Node::Bridge {
+        bdf: Bdf::new(root_bus, rp_slot),
+        children: vec![Node::Bridge {
+            bdf: Bdf::new(usp_bus, 0),
+            children: dsps,
+        }],
+    }
+}
+
+/// `pci0000:00`: ENA, EBS NVMe and optionally instance-store NVMe.
+fn platform_root(instance_store: bool) -> RootComplex {
+    let mut children = vec![
+        ep(0, 4, DeviceKind::Nvme { device_id: 0x8061 }),
+        ep(0, 5, DeviceKind::Ena { ifname: "ens5" }),
+    ];
+    if instance_store {
+        children.push(ep(0, 0x1f, DeviceKind::Nvme { device_id: 0xcd01 }));
+    }
+    RootComplex {
+        bus: 0,
+        numa_node: 0,
+        children,
+    }
+}
+
+fn p4d() -> InstanceSpec {
+    let mut roots = vec![platform_root(true)];
+    for (pair, r) in [0x10u8, 0x20, 0x90, 0xa0].into_iter().enumerate() {
+        let g = pair as u32 * 2;
+        let gpu = |index| DeviceKind::NvidiaGpu {
+            index,
+            device_id: 0x20b0,
+        };
+        roots.push(RootComplex {
+            bus: r,
+            numa_node: if pair < 2 { 0 } else { 1 },
+            children: vec![switched(
+                r,
+                1,
+                r + 1,
+                r + 2,
+                vec![
+                    (r + 3, gpu(g)),
+                    (r + 4, gpu(g + 1)),
+                    (r + 5, DeviceKind::Efa { device_id: 0xefa0 }),
+                ],
+            )],
+        });
+    }
+    InstanceSpec {
+        instance_type: "p4d.24xlarge",
+        numa_cpulists: &["0-23,48-71", "24-47,72-95"],
+        roots,
+        neuron: None,
+    }
+}
+
+fn p5(instance_type: &'static str, efa_id: u16, gpu_id: u16, efas_per_gpu: u8) -> InstanceSpec {
+    let mut roots = vec![platform_root(false)];
+    for g in 0..8u8 {
+        let r = 0x44 + 0x11 * g;
+        let mut endpoints: Vec<(u8, DeviceKind)> = (0..efas_per_gpu)
+            .map(|k| (r + 0x0b + k, DeviceKind::Efa { device_id: efa_id }))
+            .collect();
+        endpoints.push((
+            r + 0x0f,
+            DeviceKind::NvidiaGpu {
+                index: g.into(),
+                device_id: gpu_id,
+            },
+        ));
+        endpoints.push((r + 0x10, DeviceKind::Nvme { device_id: 0xcd01 }));
+        roots.push(RootComplex {
+            bus: r,
+            numa_node: if g < 4 { 0 } else { 1 },
+            children: vec![switched(r, 1, r + 1, r + 2, endpoints)],
+        });
+    }
+    InstanceSpec {
+        instance_type,
+        numa_cpulists: CPUS_192,
+        roots,
+        neuron: None,
+    }
+}
+
+/// trn1: per root bus, the chips (in slot order 0x1c..0x1f) and EFA slots.
+const TRN1_ROOTS: [(u8, i32, [u32; 4]); 4] = [
+    (0x10, 0, [0, 1, 12, 13]),
+    (0x20, 0, [4, 5, 8, 9]),
+    (0x90, 1, [6, 7, 10, 11]),
+    (0xa0, 1, [2, 3, 14, 15]),
+];
+const TRN1_EFA_SLOTS: &[u8] = &[0x19, 0x1a];
+const TRN1N_EFA_SLOTS: &[u8] = &[0x17, 0x18, 0x19, 0x1a];
+
+fn trn1(instance_type: &'static str, efa_slots: &[u8]) -> InstanceSpec {
+    let mut roots = vec![platform_root(true)];
+    for (r, numa, chips) in TRN1_ROOTS {
+        let mut children: Vec<Node> = efa_slots
+            .iter()
+            .map(|s| ep(r, *s, DeviceKind::Efa { device_id: 0xefa1 }))
+            .collect();
+        for (k, index) in chips.into_iter().enumerate() {
+            children.push(ep(r, 0x1c + k as u8, DeviceKind::Neuron { index }));
+        }
+        roots.push(RootComplex {
+            bus: r,
+            numa_node: numa,
+            children,
+        });
+    }
+    InstanceSpec {
+        instance_type,
+        numa_cpulists: &["0-31,64-95", "32-63,96-127"],
+        roots,
+        neuron: Some(NeuronSpec {
+            device_id: 0x7164,
+            core_count: 2,
+            topology: ChipTopology::Torus4x4,
+            arch_type: "NCv2",
+            device_name: "Trainium",
+            instance_label: "trn1",
+        }),
+    }
+}
+
+/// trn2: (chip, EFA bus) pairs, two per root complex, lower EFA bus first.
+const TRN2_PAIRS: [((u32, u8), (u32, u8)); 8] = [
+    ((2, 0xb3), (1, 0xb4)),
+    ((0, 0xc9), (3, 0xca)),
+    ((6, 0x56), (5, 0x57)),
+    ((4, 0x6c), (7, 0x6d)),
+    ((10, 0x82), (9, 0x83)),
+    ((8, 0x98), (11, 0x99)),
+    ((14, 0xdf), (13, 0xe0)),
+    ((12, 0xf5), (15, 0xf6)),
+];
+
+fn trn2() -> InstanceSpec {
+    let mut roots = vec![platform_root(true)];
+    let efa = || DeviceKind::Efa { device_id: 0xefa2 };
+    for ((chip_a, e), (chip_b, _)) in TRN2_PAIRS {
+        // Buses e-4 .. e+4: root, USP a, DSPs a, USP b, EFA a, EFA b, DSPs b,
+        // chip a, chip b.
+        let r = e - 4;
+        let numa = if (4..12).contains(&chip_a) { 0 } else { 1 };
+        roots.push(RootComplex {
+            bus: r,
+            numa_node: numa,
+            children: vec![
+                switched(
+                    r,
+                    1,
+                    e - 3,
+                    e - 2,
+                    vec![(e, efa()), (e + 3, DeviceKind::Neuron { index: chip_a })],
+                ),
+                switched(
+                    r,
+                    2,
+                    e - 1,
+                    e + 2,
+                    vec![
+                        (e + 1, efa()),
+                        (e + 4, DeviceKind::Neuron { index: chip_b }),
+                    ],
+                ),
+            ],
+        });
+    }
+    InstanceSpec {
+        instance_type: "trn2.48xlarge",
+        numa_cpulists: CPUS_192,
+        roots,
+        neuron: Some(NeuronSpec {
+            device_id: 0x7364,
+            core_count: 8,
+            topology: ChipTopology::Torus4x4,
+            arch_type: "NCv3",
+            device_name: "Trainium2",
+            instance_label: "trn2",
+        }),
+    }
+}
+
+fn inf2() -> InstanceSpec {
+    let mut roots = vec![platform_root(false)];
+    for (k, r) in [0x10u8, 0x20, 0x90, 0xa0].into_iter().enumerate() {
+        let children = (0..3u8)
+            .map(|s| {
+                ep(
+                    r,
+                    0x1c + s,
+                    DeviceKind::Neuron {
+                        index: k as u32 * 3 + u32::from(s),
+                    },
+                )
+            })
+            .collect();
+        roots.push(RootComplex {
+            bus: r,
+            numa_node: if k < 2 { 0 } else { 1 },
+            children,
+        });
+    }
+    InstanceSpec {
+        instance_type: "inf2.48xlarge",
+        numa_cpulists: CPUS_192,
+        roots,
+        neuron: Some(NeuronSpec {
+            device_id: 0x7264,
+            core_count: 2,
+            topology: ChipTopology::Ring,
+            arch_type: "NCv2",
+            device_name: "Inferentia2",
+            instance_label: "inf2",
+        }),
+    }
+}
+
+fn m5() -> InstanceSpec {
+    InstanceSpec {
+        instance_type: "m5.8xlarge",
+        numa_cpulists: &["0-31"],
+        roots: vec![platform_root(false)],
+        neuron: None,
+    }
+}
+
+impl InstanceSpec {
+    /// Number of Neuron chips described.
+    pub fn chip_count(&self) -> u32 {
+        let mut n = 0;
+        self.visit(&mut |_, _, node| {
+            if let Node::Device {
+                kind: DeviceKind::Neuron { .. },
+                ..
+            } = node
+            {
+                n += 1;
+            }
+        });
+        n
+    }
+
+    /// Neighbours of chip `index` per the instance's chip topology.
+    pub fn connected_devices(&self, index: u32) -> Vec<u32> {
+        let n = self.chip_count();
+        match self.neuron.as_ref().map(|s| s.topology) {
+            Some(ChipTopology::Torus4x4) => {
+                let (x, y) = (index / 4, index % 4);
+                let at = |x: u32, y: u32| (x % 4) * 4 + y % 4;
+                vec![at(x + 3, y), at(x, y + 3), at(x + 1, y), at(x, y + 1)]
+            }
+            Some(ChipTopology::Ring) if n > 1 => vec![(index + n - 1) % n, (index + 1) % n],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Calls `f(root, chain of bridges above, node)` for every node, depth first.
+    pub fn visit(&self, f: &mut dyn FnMut(&RootComplex, &[Bdf], &Node)) {
+        fn walk(
+            root: &RootComplex,
+            chain: &mut Vec<Bdf>,
+            node: &Node,
+            f: &mut dyn FnMut(&RootComplex, &[Bdf], &Node),
+        ) {
+            f(root, chain, node);
+            if let Node::Bridge { bdf, children } = node {
+                chain.push(*bdf);
+                for c in children {
+                    walk(root, chain, c, f);
+                }
+                chain.pop();
+            }
+        }
+        for root in &self.roots {
+            let mut chain = Vec::new();
+            for c in &root.children {
+                walk(root, &mut chain, c, f);
+            }
+        }
+    }
+
+    /// Checks that the description is a possible PCI tree: unique addresses,
+    /// the children of a root on its root bus, the children of each bridge
+    /// on one bus of their own, and a NUMA node for every root.
+    pub fn validate(&self) -> Result<(), String> {
+        use std::collections::{BTreeMap, BTreeSet};
+        let mut seen = BTreeSet::new();
+        let mut bus_owner: BTreeMap<u8, String> = BTreeMap::new();
+        let mut problems = Vec::new();
+        for root in &self.roots {
+            if bus_owner
+                .insert(root.bus, format!("root pci0000:{:02x}", root.bus))
+                .is_some()
+            {
+                problems.push(format!("root bus {:02x} used twice", root.bus));
+            }
+            if root.numa_node >= self.numa_cpulists.len() as i32 {
+                problems.push(format!("root {:02x}: NUMA node without cpulist", root.bus));
+            }
+        }
+        fn check_children(
+            owner: String,
+            bus: Option<u8>,
+            children: &[Node],
+            bus_owner: &mut BTreeMap<u8, String>,
+            problems: &mut Vec<String>,
+        ) {
+            let buses: BTreeSet<u8> = children.iter().map(|c| c.bdf().bus).collect();
+            if buses.len() > 1 {
+                problems.push(format!("{owner}: children on several buses {buses:?}"));
+            }
+            if let (Some(b), Some(want)) = (buses.first(), bus)
+                && *b != want
+            {
+                problems.push(format!("{owner}: child on bus {b:02x}, not {want:02x}"));
+            }
+            if bus.is_none()
+                && let Some(b) = buses.first()
+                && let Some(prev) = bus_owner.insert(*b, owner.clone())
+            {
+                problems.push(format!("bus {b:02x} used by {prev} and {owner}"));
+            }
+        }
+        for root in &self.roots {
+            check_children(
+                format!("root {:02x}", root.bus),
+                Some(root.bus),
+                &root.children,
+                &mut bus_owner,
+                &mut problems,
+            );
+        }
+        self.visit(&mut |_, _, node| {
+            if !seen.insert(node.bdf()) {
+                problems.push(format!("{} appears twice", node.bdf()));
+            }
+            if let Node::Bridge { bdf, children } = node {
+                if children.is_empty() {
+                    problems.push(format!("bridge {bdf} has no children"));
+                }
+                check_children(
+                    format!("bridge {bdf}"),
+                    None,
+                    children,
+                    &mut bus_owner,
+                    &mut problems,
+                );
+            }
+        });
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("; "))
+        }
+    }
+}
