@@ -314,6 +314,10 @@ pub enum ClientError {
 /// wins; otherwise the in-cluster service account; otherwise the default
 /// kubeconfig (`~/.kube/config`).
 pub async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
+    // rustls refuses to guess when feature unification compiles in more than
+    // one crypto provider (a dependency can pull in aws-lc-rs next to kube's
+    // ring); pick ring for the whole process. Err only means one is already set.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let options = kube::config::KubeConfigOptions::default();
     let config = match kubeconfig {
         Some(path) => {

@@ -119,18 +119,16 @@ pub fn decode_config<C: DriverConfig>(parameters: &serde_json::Value) -> Result<
     if let Some(fields) = struct_fields::<C>()
         && let Some(unknown) = object.keys().find(|k| !fields.contains(&k.as_str()))
     {
-        {
-            let accepted = ["apiVersion", "kind"]
-                .iter()
-                .chain(fields.iter())
-                .copied()
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(ConfigError::UnknownField {
-                field: unknown.clone(),
-                accepted,
-            });
-        }
+        let accepted = ["apiVersion", "kind"]
+            .iter()
+            .chain(fields.iter())
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(ConfigError::UnknownField {
+            field: unknown.clone(),
+            accepted,
+        });
     }
 
     let value = serde_json::Value::Object(object);
@@ -257,14 +255,14 @@ pub struct ConfigEntryError {
 
 /// One decoded entry for our driver, in precedence order.
 #[derive(Debug, Clone)]
-pub struct ResolvedConfig<C> {
+pub(crate) struct ResolvedConfig<C> {
     requests: Vec<String>,
     config: C,
 }
 
 /// Decode every entry of the allocation that belongs to `driver`, ordered
 /// class-first; the first failing entry fails the claim.
-pub fn decode_allocation_configs<C: DriverConfig>(
+pub(crate) fn decode_allocation_configs<C: DriverConfig>(
     driver: &str,
     entries: &[DeviceAllocationConfiguration],
 ) -> Result<Vec<ResolvedConfig<C>>, ConfigEntryError> {
@@ -304,7 +302,10 @@ pub fn decode_allocation_configs<C: DriverConfig>(
 
 /// The config for one allocation result: the last entry whose `requests`
 /// names the result's request (full `a/b` or base `a`) or is empty.
-pub fn config_for_request<C: Clone>(resolved: &[ResolvedConfig<C>], request: &str) -> Option<C> {
+pub(crate) fn config_for_request<C: Clone>(
+    resolved: &[ResolvedConfig<C>],
+    request: &str,
+) -> Option<C> {
     let base = base_request(request);
     resolved
         .iter()
@@ -314,7 +315,7 @@ pub fn config_for_request<C: Clone>(resolved: &[ResolvedConfig<C>], request: &st
 }
 
 /// `a/b` → `a`: kubelet wants the base request name.
-pub fn base_request(request: &str) -> &str {
+pub(crate) fn base_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(base, _)| base)
 }
 

@@ -1,15 +1,44 @@
 //! Everything a DRA node driver needs that is not device-specific.
+//!
+//! The kubelet-facing half: the [`Driver`] trait a device driver implements,
+//! strict opaque config decoding ([`DriverConfig`]), the registration and DRA
+//! plugin gRPC servers ([`KubeletPlugin`]), claim preparation with CDI specs
+//! and a checkpoint, device health, metrics, and a socket self-check.
+//!
+//! The API-server-facing half: device validation against the API limits and
+//! the ResourceSlice publisher ([`publish`]), Node lookups ([`node`]), the
+//! `/metrics` + `/healthz` server ([`ops`]) and the CLI both binaries share
+//! ([`cli`]). [`runtime::run`] starts all of it for one driver.
 
+mod atomic;
+pub mod authority;
+pub mod cdi;
+pub mod checkpoint;
+pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod driver;
+pub mod health;
+mod lock;
+pub mod metrics;
 pub mod node;
 pub mod ops;
+pub mod plugin;
 pub mod proto;
 pub mod publish;
+pub mod runtime;
+pub mod self_check;
+mod state;
 
+pub use claims::{ClaimSource, InMemoryClaimSource, KubeClaimSource};
 pub use config::{ConfigError, DriverConfig, InvalidValue};
 pub use driver::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
     PreparedDevice,
 };
+pub use health::{DeviceHealthStatus, HealthState};
+pub use metrics::PluginMetrics;
+pub use plugin::{KubeletPlugin, PluginError, PluginOptions, PluginSockets, RunningPlugin};
+pub use runtime::{RuntimeError, RuntimeOptions};
+pub use self_check::{SelfCheckError, self_check};
+pub use state::PipelineError;

@@ -1,0 +1,265 @@
+//! The plugin's record of prepared claims, the source of truth for unprepare.
+//!
+//! A versioned JSON file in the plugin data directory, replaced atomically
+//! and re-read on every call (a second plugin instance may have changed it).
+//! It holds per claim everything unprepare needs without the API server.
+//! A different boot id means the node rebooted: nothing is prepared any more
+//! (CDI specs under /var/run are gone, kubelet prepares again), so the old
+//! entries are dropped. A file we cannot parse is moved aside, logged and
+//! counted, and we start empty: a crash loop would take all devices down.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::atomic::{remove_if_exists, write_atomically};
+use crate::driver::PreparedDevice;
+use crate::metrics::PluginMetrics;
+
+/// The on-disk format version this code writes and reads.
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// A claim as prepared on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedClaim {
+    pub namespace: String,
+    pub name: String,
+    pub devices: Vec<PreparedDevice>,
+    pub cdi_spec_path: PathBuf,
+}
+
+/// All prepared claims, keyed by claim UID.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Checkpoint {
+    pub version: u32,
+    pub boot_id: String,
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("reading checkpoint {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing checkpoint {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("moving corrupt checkpoint {path} aside: {source}")]
+    MoveAside {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("encoding checkpoint: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Reads and writes the checkpoint file.
+#[derive(Clone)]
+pub struct CheckpointStore {
+    path: PathBuf,
+    boot_id_path: PathBuf,
+    metrics: PluginMetrics,
+}
+
+impl CheckpointStore {
+    pub fn new(data_dir: &Path, boot_id_path: PathBuf, metrics: PluginMetrics) -> Self {
+        Self {
+            path: data_dir.join("checkpoint.json"),
+            boot_id_path,
+            metrics,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn boot_id(&self) -> String {
+        match std::fs::read_to_string(&self.boot_id_path) {
+            Ok(id) => id.trim().to_string(),
+            Err(e) => {
+                // Without a boot id we cannot detect reboots; keep working.
+                tracing::warn!(path = %self.boot_id_path.display(), error = %e, "cannot read boot id");
+                String::new()
+            }
+        }
+    }
+
+    /// The current checkpoint; empty when there is none, when it is from an
+    /// earlier boot, or when it was corrupt (then moved aside).
+    pub fn load(&self) -> Result<Checkpoint, CheckpointError> {
+        let boot_id = self.boot_id();
+        let empty = Checkpoint {
+            version: CHECKPOINT_VERSION,
+            boot_id: boot_id.clone(),
+            claims: BTreeMap::new(),
+        };
+        let bytes = match std::fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(empty),
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
+        let parsed = serde_json::from_slice::<Checkpoint>(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|c| {
+                if c.version == CHECKPOINT_VERSION {
+                    Ok(c)
+                } else {
+                    Err(format!(
+                        "unsupported version {} (this build reads {CHECKPOINT_VERSION})",
+                        c.version
+                    ))
+                }
+            });
+        let checkpoint = match parsed {
+            Ok(c) => c,
+            Err(reason) => {
+                let aside = self.move_aside()?;
+                self.metrics.checkpoint_error("corrupt");
+                tracing::error!(
+                    path = %self.path.display(),
+                    moved_to = %aside.display(),
+                    reason,
+                    "checkpoint is corrupt; moved aside, starting with no prepared claims"
+                );
+                return Ok(empty);
+            }
+        };
+        if checkpoint.boot_id != boot_id {
+            tracing::info!(
+                old_boot_id = checkpoint.boot_id,
+                boot_id,
+                claims = checkpoint.claims.len(),
+                "node rebooted since the checkpoint was written; forgetting prepared claims"
+            );
+            for claim in checkpoint.claims.values() {
+                if let Err(e) = remove_if_exists(&claim.cdi_spec_path) {
+                    tracing::warn!(path = %claim.cdi_spec_path.display(), error = %e, "cannot remove stale CDI spec");
+                }
+            }
+            self.save(&empty)?;
+            return Ok(empty);
+        }
+        Ok(checkpoint)
+    }
+
+    fn move_aside(&self) -> Result<PathBuf, CheckpointError> {
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let aside = self.path.with_extension(format!("json.corrupt-{stamp}"));
+        std::fs::rename(&self.path, &aside).map_err(|source| CheckpointError::MoveAside {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(aside)
+    }
+
+    pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        let bytes = serde_json::to_vec_pretty(checkpoint)?;
+        write_atomically(&self.path, &bytes).map_err(|source| {
+            self.metrics.checkpoint_error("write");
+            CheckpointError::Write {
+                path: self.path.clone(),
+                source,
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path, boot: &str) -> (CheckpointStore, prometheus::Registry) {
+        let boot_path = dir.join("boot_id");
+        std::fs::write(&boot_path, format!("{boot}\n")).unwrap();
+        let registry = prometheus::Registry::new();
+        let metrics = PluginMetrics::register(&registry).unwrap();
+        (CheckpointStore::new(dir, boot_path, metrics), registry)
+    }
+
+    fn sample(spec: PathBuf) -> PreparedClaim {
+        PreparedClaim {
+            namespace: "ns".into(),
+            name: "c".into(),
+            devices: vec![PreparedDevice {
+                request_names: vec!["req".into()],
+                pool: "node".into(),
+                device: "dev-0".into(),
+                admin_access: false,
+                cdi_device_ids: vec!["k8s.x/y=uid-dev-0".into()],
+            }],
+            cdi_spec_path: spec,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = store(dir.path(), "boot-a");
+        let mut c = s.load().unwrap();
+        assert!(c.claims.is_empty());
+        c.claims
+            .insert("uid".into(), sample(dir.path().join("spec.json")));
+        s.save(&c).unwrap();
+        assert_eq!(s.load().unwrap(), c);
+    }
+
+    #[test]
+    fn boot_id_change_forgets_claims_and_their_specs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = store(dir.path(), "boot-a");
+        let spec = dir.path().join("spec.json");
+        std::fs::write(&spec, "{}").unwrap();
+        let mut c = s.load().unwrap();
+        c.claims.insert("uid".into(), sample(spec.clone()));
+        s.save(&c).unwrap();
+        let (s2, _) = store(dir.path(), "boot-b");
+        let loaded = s2.load().unwrap();
+        assert!(loaded.claims.is_empty());
+        assert_eq!(loaded.boot_id, "boot-b");
+        assert!(!spec.exists());
+    }
+
+    #[test]
+    fn corrupt_file_is_moved_aside_and_counted() {
+        for garbage in [
+            "{not json",
+            r#"{"version":99,"bootId":"boot-a","claims":{}}"#,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let (s, registry) = store(dir.path(), "boot-a");
+            std::fs::write(s.path(), garbage).unwrap();
+            let loaded = s.load().unwrap();
+            assert!(loaded.claims.is_empty());
+            assert!(!s.path().exists());
+            let aside: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().contains("corrupt"))
+                .collect();
+            assert_eq!(aside.len(), 1);
+            assert_eq!(std::fs::read_to_string(aside[0].path()).unwrap(), garbage);
+            let text = crate::metrics::tests::render(&registry);
+            assert!(
+                text.contains("dra_plugin_checkpoint_errors_total{reason=\"corrupt\"} 1"),
+                "{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Prometheus metrics of the kubelet-facing runtime, registered into a
+//! registry the caller owns (the ops server exposes it on `/metrics`).
+
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// Handles to the runtime's metrics; cheap to clone.
+#[derive(Clone)]
+pub struct PluginMetrics {
+    /// Claims prepared/unprepared, by `operation` and `result` (`success`, `error`).
+    claims: IntCounterVec,
+    /// Per-claim duration in seconds, by `operation` and `result`.
+    duration: HistogramVec,
+    /// gRPC calls being served, by `operation`.
+    in_flight: IntGaugeVec,
+    /// 1 after kubelet reported successful registration, 0 after a failure.
+    registered: IntGauge,
+    /// `NotifyRegistrationStatus` calls with `plugin_registered=false`.
+    registration_failures: IntCounter,
+    /// Checkpoint problems, by `reason` (`corrupt`, `write`).
+    checkpoint_errors: IntCounterVec,
+}
+
+impl PluginMetrics {
+    /// Creates the metrics and registers them; fails if already registered.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let claims = IntCounterVec::new(
+            Opts::new(
+                "dra_plugin_claims_total",
+                "Claims prepared or unprepared, by operation and result.",
+            ),
+            &["operation", "result"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "dra_plugin_claim_duration_seconds",
+                "Time to prepare or unprepare one claim, by operation and result.",
+            )
+            .buckets(vec![
+                0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ]),
+            &["operation", "result"],
+        )?;
+        let in_flight = IntGaugeVec::new(
+            Opts::new(
+                "dra_plugin_requests_in_flight",
+                "NodePrepareResources/NodeUnprepareResources calls being served.",
+            ),
+            &["operation"],
+        )?;
+        let registered = IntGauge::new(
+            "dra_plugin_registered",
+            "1 when kubelet reported the plugin registered, 0 when it reported a failure.",
+        )?;
+        let registration_failures = IntCounter::new(
+            "dra_plugin_registration_failures_total",
+            "Registration failures reported by kubelet.",
+        )?;
+        let checkpoint_errors = IntCounterVec::new(
+            Opts::new(
+                "dra_plugin_checkpoint_errors_total",
+                "Checkpoint files found corrupt or not writable.",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(claims.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(in_flight.clone()))?;
+        registry.register(Box::new(registered.clone()))?;
+        registry.register(Box::new(registration_failures.clone()))?;
+        registry.register(Box::new(checkpoint_errors.clone()))?;
+        Ok(Self {
+            claims,
+            duration,
+            in_flight,
+            registered,
+            registration_failures,
+            checkpoint_errors,
+        })
+    }
+
+    pub(crate) fn claim_done(&self, operation: &str, ok: bool, seconds: f64) {
+        let result = if ok { "success" } else { "error" };
+        self.claims.with_label_values(&[operation, result]).inc();
+        self.duration
+            .with_label_values(&[operation, result])
+            .observe(seconds);
+    }
+
+    pub(crate) fn in_flight(&self, operation: &str) -> InFlight {
+        let gauge = self.in_flight.with_label_values(&[operation]);
+        gauge.inc();
+        InFlight(gauge)
+    }
+
+    pub(crate) fn registration(&self, ok: bool) {
+        self.registered.set(i64::from(ok));
+        if !ok {
+            self.registration_failures.inc();
+        }
+    }
+
+    pub(crate) fn checkpoint_error(&self, reason: &str) {
+        self.checkpoint_errors.with_label_values(&[reason]).inc();
+    }
+}
+
+/// Decrements the in-flight gauge when the call ends, however it ends.
+pub(crate) struct InFlight(IntGauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn render(registry: &Registry) -> String {
+        prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap()
+    }
+
+    #[test]
+    fn registers_once_and_counts() {
+        let registry = Registry::new();
+        let m = PluginMetrics::register(&registry).unwrap();
+        assert!(PluginMetrics::register(&registry).is_err());
+        m.claim_done("prepare", true, 0.01);
+        m.registration(false);
+        {
+            let _g = m.in_flight("prepare");
+            assert!(
+                render(&registry)
+                    .contains("dra_plugin_requests_in_flight{operation=\"prepare\"} 1")
+            );
+        }
+        let text = render(&registry);
+        assert!(
+            text.contains("dra_plugin_claims_total{operation=\"prepare\",result=\"success\"} 1")
+        );
+        assert!(text.contains("dra_plugin_requests_in_flight{operation=\"prepare\"} 0"));
+        assert!(text.contains("dra_plugin_registration_failures_total 1"));
+        assert!(text.contains("dra_plugin_registered 0"));
+    }
+}

@@ -1,0 +1,439 @@
+//! The kubelet-facing servers: registration and the DRA plugin service.
+//!
+//! Socket layout (per the kubelet plugin protocol): registration on
+//! `<registrar-dir>/<driver>-reg.sock`, the plugin on
+//! `<plugins-dir>/<driver>/dra.sock`; with a pod UID (seamless upgrade) the
+//! names become `<driver>-<podUID>-reg.sock` and `dra-<podUID>.sock`. The
+//! plugin data directory `<plugins-dir>/<driver>/` holds the checkpoint and
+//! the cross-process lock. Stale sockets are removed before binding, and both
+//! sockets are removed on shutdown (the registration socket going away is how
+//! kubelet learns the plugin is gone). Registration connections go through
+//! the `:authority` adapter (see `authority`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::atomic::remove_if_exists;
+use crate::authority::{RewrittenConnection, adapt};
+use crate::cdi::CdiWriter;
+use crate::checkpoint::CheckpointStore;
+use crate::claims::ClaimSource;
+use crate::driver::{ClaimRef, Driver};
+use crate::health::{DeviceHealthStatus, HealthService};
+use crate::lock::DataDirLock;
+use crate::metrics::PluginMetrics;
+use crate::proto::{dra_v1, dra_v1beta1, health_v1alpha1, pluginregistration as reg};
+use crate::state::{ClaimPipeline, PipelineError};
+
+/// Where and as what the plugin serves.
+#[derive(Debug, Clone)]
+pub struct PluginOptions {
+    /// e.g. `neuron.aws.com`.
+    pub driver_name: String,
+    /// CDI class, e.g. `neuron` (ids are `k8s.<driver>/<class>=...`).
+    pub cdi_class: String,
+    /// kubelet's plugin registry, default `/var/lib/kubelet/plugins_registry`.
+    pub registrar_dir: PathBuf,
+    /// kubelet's plugins dir, default `/var/lib/kubelet/plugins`.
+    pub plugins_dir: PathBuf,
+    /// default `/var/run/cdi`.
+    pub cdi_root: PathBuf,
+    /// The pod UID (env `POD_UID`) for per-pod socket names.
+    pub pod_uid: Option<String>,
+    /// default `/proc/sys/kernel/random/boot_id`.
+    pub boot_id_path: PathBuf,
+}
+
+impl PluginOptions {
+    /// Options with the kubelet defaults.
+    pub fn new(driver_name: &str, cdi_class: &str) -> Self {
+        Self {
+            driver_name: driver_name.to_string(),
+            cdi_class: cdi_class.to_string(),
+            registrar_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            plugins_dir: PathBuf::from("/var/lib/kubelet/plugins"),
+            cdi_root: PathBuf::from("/var/run/cdi"),
+            pod_uid: None,
+            boot_id_path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+        }
+    }
+
+    /// The socket paths and data directory these options lead to.
+    pub fn sockets(&self) -> PluginSockets {
+        let data_dir = self.plugins_dir.join(&self.driver_name);
+        let (registration, plugin) = match self.pod_uid.as_deref().filter(|u| !u.is_empty()) {
+            Some(uid) => (
+                format!("{}-{uid}-reg.sock", self.driver_name),
+                format!("dra-{uid}.sock"),
+            ),
+            None => (
+                format!("{}-reg.sock", self.driver_name),
+                "dra.sock".to_string(),
+            ),
+        };
+        PluginSockets {
+            registration: self.registrar_dir.join(registration),
+            plugin: data_dir.join(plugin),
+            data_dir,
+        }
+    }
+}
+
+/// Resolved paths of a plugin instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginSockets {
+    pub registration: PathBuf,
+    pub plugin: PathBuf,
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("preparing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("gRPC server on {path}: {source}")]
+    Serve {
+        path: PathBuf,
+        source: tonic::transport::Error,
+    },
+    #[error("server task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// The kubelet plugin runtime of one driver.
+pub struct KubeletPlugin<D: Driver> {
+    driver: Arc<D>,
+    claims: Arc<dyn ClaimSource>,
+    options: PluginOptions,
+    metrics: PluginMetrics,
+    health: Option<watch::Receiver<Vec<DeviceHealthStatus>>>,
+}
+
+/// A started plugin; `wait` returns after shutdown, sockets removed.
+pub struct RunningPlugin {
+    pub sockets: PluginSockets,
+    task: JoinHandle<Result<(), PluginError>>,
+}
+
+impl RunningPlugin {
+    pub async fn wait(self) -> Result<(), PluginError> {
+        self.task.await?
+    }
+}
+
+impl<D: Driver> KubeletPlugin<D> {
+    pub fn new(
+        driver: D,
+        claims: Arc<dyn ClaimSource>,
+        options: PluginOptions,
+        metrics: PluginMetrics,
+    ) -> Self {
+        Self {
+            driver: Arc::new(driver),
+            claims,
+            options,
+            metrics,
+            health: None,
+        }
+    }
+
+    /// Serve `v1alpha1.DRAResourceHealth` from this channel.
+    pub fn with_health(mut self, health: watch::Receiver<Vec<DeviceHealthStatus>>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// Binds both sockets (plugin first, so kubelet never finds a
+    /// registration that points nowhere) and serves until `shutdown`.
+    pub async fn start(self, shutdown: CancellationToken) -> Result<RunningPlugin, PluginError> {
+        let sockets = self.options.sockets();
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| PluginError::Io { path, source }
+        };
+        for dir in [
+            &self.options.registrar_dir,
+            &sockets.data_dir,
+            &self.options.cdi_root,
+        ] {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+
+        let pipeline = Arc::new(ClaimPipeline {
+            driver_name: self.options.driver_name.clone(),
+            driver: self.driver,
+            claims: self.claims,
+            cdi: CdiWriter::new(
+                &self.options.cdi_root,
+                &self.options.driver_name,
+                &self.options.cdi_class,
+            ),
+            checkpoint: CheckpointStore::new(
+                &sockets.data_dir,
+                self.options.boot_id_path.clone(),
+                self.metrics.clone(),
+            ),
+            lock: DataDirLock::new(&sockets.data_dir),
+            metrics: self.metrics.clone(),
+        });
+
+        let mut versions = vec!["v1.DRAPlugin".to_string(), "v1beta1.DRAPlugin".to_string()];
+        let mut plugin_router = tonic::transport::Server::builder()
+            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
+                DraService {
+                    pipeline: pipeline.clone(),
+                    metrics: self.metrics.clone(),
+                },
+            ))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
+                DraService {
+                    pipeline,
+                    metrics: self.metrics.clone(),
+                },
+            ));
+        if let Some(health) = self.health {
+            versions.push("v1alpha1.DRAResourceHealth".to_string());
+            plugin_router = plugin_router.add_service(
+                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                    HealthService { health },
+                ),
+            );
+        }
+
+        remove_if_exists(&sockets.plugin).map_err(io(&sockets.plugin))?;
+        let plugin_listener = UnixListener::bind(&sockets.plugin).map_err(io(&sockets.plugin))?;
+        remove_if_exists(&sockets.registration).map_err(io(&sockets.registration))?;
+        let reg_listener =
+            UnixListener::bind(&sockets.registration).map_err(io(&sockets.registration))?;
+
+        let info = reg::PluginInfo {
+            r#type: "DRAPlugin".to_string(),
+            name: self.options.driver_name.clone(),
+            endpoint: sockets.plugin.to_string_lossy().into_owned(),
+            supported_versions: versions,
+        };
+        let registration = reg::registration_server::RegistrationServer::new(RegistrationService {
+            info,
+            metrics: self.metrics.clone(),
+        });
+        tracing::info!(
+            registration = %sockets.registration.display(),
+            plugin = %sockets.plugin.display(),
+            "kubelet plugin sockets listening"
+        );
+
+        let plugin_path = sockets.plugin.clone();
+        let plugin_server = plugin_router.serve_with_incoming_shutdown(
+            UnixListenerStream::new(plugin_listener),
+            shutdown.clone().cancelled_owned(),
+        );
+        let reg_path = sockets.registration.clone();
+        let reg_server = tonic::transport::Server::builder()
+            .add_service(registration)
+            .serve_with_incoming_shutdown(
+                adapted_connections(reg_listener, shutdown.clone()),
+                shutdown.clone().cancelled_owned(),
+            );
+        let task = tokio::spawn(async move {
+            // Kubelet must see the registration socket vanish first.
+            let early_unregister = {
+                let reg_path = reg_path.clone();
+                let shutdown = shutdown.clone();
+                async move {
+                    shutdown.cancelled().await;
+                    let _ = remove_if_exists(&reg_path);
+                }
+            };
+            let (plugin_result, reg_result, ()) =
+                tokio::join!(plugin_server, reg_server, early_unregister);
+            let _ = remove_if_exists(&reg_path);
+            let _ = remove_if_exists(&plugin_path);
+            tracing::info!("kubelet plugin sockets removed");
+            plugin_result.map_err(|source| PluginError::Serve {
+                path: plugin_path,
+                source,
+            })?;
+            reg_result.map_err(|source| PluginError::Serve {
+                path: reg_path,
+                source,
+            })
+        });
+        Ok(RunningPlugin { sockets, task })
+    }
+}
+
+/// Accepts registration connections and wraps each in the adapter.
+fn adapted_connections(
+    listener: UnixListener,
+    shutdown: CancellationToken,
+) -> ReceiverStream<Result<RewrittenConnection, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                accepted = listener.accept() => match accepted {
+                    Ok((socket, _)) => {
+                        if tx.send(Ok(adapt(socket))).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accepting a registration connection failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+struct RegistrationService {
+    info: reg::PluginInfo,
+    metrics: PluginMetrics,
+}
+
+#[tonic::async_trait]
+impl reg::registration_server::Registration for RegistrationService {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<reg::RegistrationStatus>,
+    ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        self.metrics.registration(status.plugin_registered);
+        if status.plugin_registered {
+            tracing::info!(driver = self.info.name, "kubelet registered the plugin");
+        } else {
+            tracing::error!(
+                driver = self.info.name,
+                error = status.error,
+                "kubelet REJECTED the plugin registration: this node will get no allocations"
+            );
+        }
+        Ok(Response::new(reg::RegistrationStatusResponse {}))
+    }
+}
+
+struct DraService<D: Driver> {
+    pipeline: Arc<ClaimPipeline<D>>,
+    metrics: PluginMetrics,
+}
+
+fn pipeline_status(e: PipelineError) -> Status {
+    tracing::error!(error = %e, "DRA call failed as a whole");
+    Status::internal(e.to_string())
+}
+
+macro_rules! dra_service_version {
+    ($pb:ident) => {
+        // v1's Device has `share_id` (left unset), v1beta1's has not.
+        #[allow(clippy::needless_update)]
+        #[tonic::async_trait]
+        impl<D: Driver> $pb::dra_plugin_server::DraPlugin for DraService<D> {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$pb::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$pb::NodePrepareResourcesResponse>, Status> {
+                let _in_flight = self.metrics.in_flight("prepare");
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect();
+                let answers = self
+                    .pipeline
+                    .prepare(claims)
+                    .await
+                    .map_err(pipeline_status)?;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, outcome)| {
+                        let entry = match outcome {
+                            Ok(devices) => $pb::NodePrepareResourceResponse {
+                                devices: devices
+                                    .into_iter()
+                                    .map(|d| $pb::Device {
+                                        request_names: d.request_names,
+                                        pool_name: d.pool,
+                                        device_name: d.device,
+                                        cdi_device_ids: d.cdi_device_ids,
+                                        ..Default::default()
+                                    })
+                                    .collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => $pb::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error,
+                            },
+                        };
+                        (uid, entry)
+                    })
+                    .collect();
+                Ok(Response::new($pb::NodePrepareResourcesResponse { claims }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$pb::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$pb::NodeUnprepareResourcesResponse>, Status> {
+                let _in_flight = self.metrics.in_flight("unprepare");
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef {
+                        namespace: c.namespace,
+                        name: c.name,
+                        uid: c.uid,
+                    })
+                    .collect();
+                let answers = self
+                    .pipeline
+                    .unprepare(claims)
+                    .await
+                    .map_err(pipeline_status)?;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, outcome)| {
+                        (
+                            uid,
+                            $pb::NodeUnprepareResourceResponse {
+                                error: outcome.err().unwrap_or_default(),
+                            },
+                        )
+                    })
+                    .collect();
+                Ok(Response::new($pb::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
+        }
+    };
+}
+
+dra_service_version!(dra_v1);
+dra_service_version!(dra_v1beta1);

@@ -1,0 +1,237 @@
+//! One driver process: the kubelet plugin, the slice publisher and the
+//! `/metrics` + `/healthz` server, started together and stopped together.
+//!
+//! The order matters for operators: the Node is read first (owner reference,
+//! and the refusal to run beside the classic device plugin, which would hand
+//! the same device out twice); then the kubelet sockets are bound, so that a
+//! registration never points at a plugin that is not serving; then slices
+//! are published. SIGTERM or SIGINT cancels everything; the plugin removes
+//! its sockets on the way out, which is how kubelet learns it is gone. An
+//! unreachable API server never stops the kubelet sockets: the publisher
+//! retries with backoff while prepared claims keep working.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::Device;
+use prometheus::Registry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::claims::KubeClaimSource;
+use crate::cli::{ClientError, CommonArgs, RunArgs, kube_client};
+use crate::driver::Driver;
+use crate::metrics::PluginMetrics;
+use crate::node::{NodeError, device_plugin_resources_present, get_node, node_owner};
+use crate::ops::{HealthProbe, OpsError, OpsServer, Readiness};
+use crate::plugin::{KubeletPlugin, PluginError, PluginOptions};
+use crate::publish::BackoffConfig;
+use crate::publish::publisher::{self, PublishMetrics, PublisherConfig, PublisherConfigError};
+use crate::self_check::self_check;
+
+/// How many times the Node is read at start before giving up (with backoff,
+/// about two minutes in all): a node whose API server is down at boot should
+/// come up once it is back, not crash-loop at once.
+const NODE_READ_ATTEMPTS: u32 = 8;
+
+/// What a driver binary hands to [`run`].
+#[derive(Debug, Clone)]
+pub struct RuntimeOptions {
+    pub common: CommonArgs,
+    pub run: RunArgs,
+    /// Extended resources that the classic device plugin advertises for the
+    /// same hardware, e.g. `["vpc.amazonaws.com/efa"]`.
+    pub device_plugin_resources: &'static [&'static str],
+}
+
+impl RuntimeOptions {
+    /// The CDI class of the driver's devices: the first DNS label of the
+    /// driver name (`efa.networking.k8s.aws` → `efa`, `neuron.aws.com` →
+    /// `neuron`), giving ids like `k8s.neuron.aws.com/neuron=<name>`.
+    pub fn cdi_class(&self) -> &str {
+        self.common
+            .driver_name
+            .split('.')
+            .next()
+            .unwrap_or(&self.common.driver_name)
+    }
+
+    fn plugin_options(&self) -> PluginOptions {
+        let mut options = PluginOptions::new(&self.common.driver_name, self.cdi_class());
+        options.registrar_dir = self.run.kubelet_registrar_dir.clone();
+        options.plugins_dir = self.run.kubelet_plugins_dir.clone();
+        options.cdi_root = self.run.cdi_root.clone();
+        options.pod_uid = self.run.pod_uid.clone().filter(|uid| !uid.is_empty());
+        options
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error(
+        "node {node} advertises {resources:?} from the classic device plugin; running this DRA driver \
+         beside it would hand the same devices out twice. Remove the device plugin from this node, \
+         or pass --allow-device-plugin-coexistence if you know they manage different devices"
+    )]
+    DevicePluginPresent {
+        node: String,
+        resources: Vec<String>,
+    },
+    #[error("registering metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error(transparent)]
+    Publisher(#[from] PublisherConfigError),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Runs the driver until SIGTERM/SIGINT; see the module docs for the order.
+pub async fn run<D: Driver>(
+    driver: D,
+    devices: watch::Receiver<Vec<Device>>,
+    options: RuntimeOptions,
+) -> Result<(), RuntimeError> {
+    let node_name = options.common.node_name.clone();
+    let driver_name = options.common.driver_name.clone();
+    let client = kube_client(options.run.kubeconfig.as_deref()).await?;
+
+    let node = get_node(
+        &client,
+        &node_name,
+        NODE_READ_ATTEMPTS,
+        BackoffConfig::default(),
+    )
+    .await?;
+    let present = device_plugin_resources_present(&node, options.device_plugin_resources);
+    if !present.is_empty() {
+        if options.run.allow_device_plugin_coexistence {
+            tracing::warn!(node = %node_name, resources = ?present, "classic device plugin present; continuing because --allow-device-plugin-coexistence is set");
+        } else {
+            return Err(RuntimeError::DevicePluginPresent {
+                node: node_name,
+                resources: present,
+            });
+        }
+    }
+    let owner = node_owner(&node)?;
+
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone())?;
+
+    let registry = Registry::new();
+    let plugin_metrics = PluginMetrics::register(&registry)?;
+    let publish_metrics = PublishMetrics::register(&registry)?;
+
+    let claims = Arc::new(KubeClaimSource::new(client.clone()));
+    let plugin = KubeletPlugin::new(driver, claims, options.plugin_options(), plugin_metrics)
+        .start(shutdown.clone())
+        .await?;
+    let sockets = plugin.sockets.clone();
+    tracing::info!(
+        driver = %driver_name,
+        node = %node_name,
+        registration = %sockets.registration.display(),
+        plugin = %sockets.plugin.display(),
+        "kubelet plugin serving"
+    );
+
+    let readiness = Readiness::default();
+    readiness.set(true);
+    let probe = {
+        let sockets = sockets.clone();
+        HealthProbe::new(move || {
+            let sockets = sockets.clone();
+            async move {
+                self_check(&sockets.registration, &sockets.plugin)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        })
+    };
+    let ops = OpsServer::bind(options.run.metrics_address, registry, probe, readiness).await?;
+    if let Some(address) = ops.local_addr() {
+        tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+    }
+    let ops_task = tokio::spawn(ops.serve(shutdown.clone().cancelled_owned()));
+
+    let config = PublisherConfig::new(&driver_name, &node_name, Some(owner), publish_metrics)?;
+    let publisher_task = tokio::spawn(publisher::run(
+        client,
+        config,
+        devices,
+        shutdown.clone().cancelled_owned(),
+    ));
+
+    let result = plugin.wait().await;
+    // The plugin only returns on shutdown or a fatal serving error; either
+    // way the rest of the process goes down with it.
+    shutdown.cancel();
+    let _ = publisher_task.await;
+    let _ = ops_task.await;
+    tracing::info!(driver = %driver_name, node = %node_name, "stopped");
+    Ok(result?)
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) -> Result<(), RuntimeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(RuntimeError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(RuntimeError::Signals)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+            _ = shutdown.cancelled() => return,
+        }
+        shutdown.cancel();
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{DriverCli, DriverCommand};
+
+    fn options(driver: &'static str) -> RuntimeOptions {
+        let cli = DriverCli::try_parse_for(
+            "test-driver",
+            "0.0.0",
+            driver,
+            ["test-driver", "run", "--node-name", "n1", "--pod-uid", ""],
+        )
+        .expect("parse");
+        let DriverCommand::Run(run) = cli.command else {
+            panic!("expected run")
+        };
+        RuntimeOptions {
+            common: run.common,
+            run: run.run,
+            device_plugin_resources: &[],
+        }
+    }
+
+    #[test]
+    fn cdi_class_is_the_first_label_of_the_driver_name() {
+        assert_eq!(options("efa.networking.k8s.aws").cdi_class(), "efa");
+        assert_eq!(options("neuron.aws.com").cdi_class(), "neuron");
+    }
+
+    #[test]
+    fn empty_pod_uid_means_plain_socket_names() {
+        let sockets = options("neuron.aws.com").plugin_options().sockets();
+        assert!(
+            sockets
+                .registration
+                .ends_with("plugins_registry/neuron.aws.com-reg.sock")
+        );
+        assert!(sockets.plugin.ends_with("plugins/neuron.aws.com/dra.sock"));
+    }
+}
