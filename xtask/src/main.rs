@@ -6,10 +6,12 @@ mod ci;
 mod e2e;
 #[cfg(test)]
 mod examples;
+mod fixtures;
 mod helm;
 mod image;
 mod kind;
 mod manifests;
+mod topology;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +33,10 @@ enum Task {
     Charts(charts::ChartsArgs),
     /// End-to-end suite: `--cluster kind` (Docker) or `--cluster local`.
     E2e(e2e::E2eArgs),
+    /// Write a generated sysfs + dev tree of an instance type (or --list the types).
+    Fixtures(fixtures::FixturesArgs),
+    /// Print the GPU / Neuron / EFA affinity matrix of an instance type or a sysfs tree.
+    Topology(topology::TopologyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,5 +44,7 @@ fn main() -> anyhow::Result<()> {
         Task::Ci(args) => ci::run(args),
         Task::Charts(args) => charts::run(args),
         Task::E2e(args) => e2e::run(args),
+        Task::Fixtures(args) => fixtures::run(args),
+        Task::Topology(args) => topology::run(args),
     }
 }

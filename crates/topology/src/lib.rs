@@ -5,8 +5,8 @@
 //! generated fixtures. No Kubernetes types: the drivers turn what this crate
 //! finds into DRA devices.
 //!
-//! - [`pci`]: [`PciAddress`], [`PcieRoot`], [`PciDevice`] and [`scan`];
-//! - [`proximity`]: PIX/PXB/PHB/NODE/SYS between two functions, nearest;
+//! - [`pci`]: [`PciAddress`], [`PcieRoot`], [`PciDevice`] and [`scan()`];
+//! - [`proximity`](mod@proximity): PIX/PXB/PHB/NODE/SYS between two functions, nearest;
 //! - [`instance`]: the EC2 instance type from DMI;
 //! - [`devicegroup`]: AWS's `devicegroup{1,4,8,16}_id` and chip ↔ EFA pairing;
 //! - [`ids`]: vendor/device ids and a classifier;

@@ -138,12 +138,60 @@ fn every_fixture_reads_back_as_described() {
             f.gpus.len() + f.efas.len() + f.neuron_chips.len(),
             "{t}"
         );
-        // Every function's proximity to itself and to every EFA is defined
-        // and symmetric.
-        for a in &s.scan.devices {
-            assert_eq!(proximity(a, a), Proximity::SameDevice);
-            for b in s.efas() {
-                assert_eq!(proximity(a, b), proximity(b, a));
+        // Proximity of every pair of described devices, from the
+        // description: different roots → NUMA decides; same root → the
+        // fixtures put a switch (root port + upstream port) above devices
+        // that share one, and nothing above Nitro-flat devices.
+        let described: Vec<(&str, &str, Option<u32>, &[String])> = f
+            .gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.bdf.as_str(),
+                    g.pcie_root.as_str(),
+                    g.numa_node,
+                    g.bridges.as_slice(),
+                )
+            })
+            .chain(f.efas.iter().map(|e| {
+                (
+                    e.bdf.as_str(),
+                    e.pcie_root.as_str(),
+                    e.numa_node,
+                    e.bridges.as_slice(),
+                )
+            }))
+            .chain(f.neuron_chips.iter().map(|c| {
+                (
+                    c.bdf.as_str(),
+                    c.pcie_root.as_str(),
+                    c.numa_node,
+                    c.bridges.as_slice(),
+                )
+            }))
+            .collect();
+        for a in &described {
+            for b in &described {
+                let want = if a.0 == b.0 {
+                    Proximity::SameDevice
+                } else if a.1 != b.1 {
+                    if a.2 == b.2 {
+                        Proximity::SameNumaNode
+                    } else {
+                        Proximity::CrossNuma
+                    }
+                } else if a.3.len() >= 2 && b.3.len() >= 2 && a.3[..2] == b.3[..2] {
+                    Proximity::SameSwitch
+                } else {
+                    Proximity::SameRootComplex
+                };
+                assert_eq!(
+                    proximity(s.dev(a.0), s.dev(b.0)),
+                    want,
+                    "{t}: {} ~ {}",
+                    a.0,
+                    b.0
+                );
             }
         }
     }
@@ -468,4 +516,79 @@ fn hot_plug_round_trip() {
         .as_deref(),
         Some(e.ibdev.as_str())
     );
+}
+
+#[test]
+fn check_table_reports_where_table_and_tree_disagree() {
+    use topology::TableMismatch;
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate("trn2.48xlarge", dir.path()).unwrap();
+    let root = SysfsRoot::new(&f.sys);
+    let published = EfaTable::published("trn2").unwrap();
+
+    // A table with chips 0 and 3 swapped: both now name a farther EFA.
+    let mut chips = published.chips().clone();
+    let (e0, e3) = (chips[&0], chips[&3]);
+    chips.insert(0, e3);
+    chips.insert(3, e0);
+    // And chip 15 dropped, so its EFA is in the tree but not in the table.
+    chips.remove(&15);
+    let wrong = EfaTable::new(chips);
+
+    // The EFA of chip 5 is hot-unplugged.
+    let gone = published.efa_for_chip(5).unwrap();
+    f.remove_efa(&gone.to_string()).unwrap();
+
+    let s = scan(&root).unwrap();
+    let efas: Vec<&PciDevice> = s
+        .devices
+        .iter()
+        .filter(|d| classify(d) == DeviceKind::Efa)
+        .collect();
+    let located: Vec<LocatedChip> = f
+        .neuron_chips
+        .iter()
+        .map(|c| LocatedChip {
+            index: c.index,
+            device: s.get(addr(&c.bdf)).unwrap(),
+        })
+        .collect();
+    let found = check_table(&wrong, &located, &efas);
+    let expect = vec![
+        TableMismatch::EfaNotInTable {
+            efa: published.efa_for_chip(15).unwrap(),
+        },
+        TableMismatch::NotNearest {
+            chip: 0,
+            table_efa: e3,
+            table_proximity: Proximity::SameRootComplex,
+            nearest: vec![e0],
+            nearest_proximity: Proximity::SameSwitch,
+        },
+        TableMismatch::NotNearest {
+            chip: 3,
+            table_efa: e0,
+            table_proximity: Proximity::SameRootComplex,
+            nearest: vec![e3],
+            nearest_proximity: Proximity::SameSwitch,
+        },
+        TableMismatch::EfaMissing { chip: 5, efa: gone },
+    ];
+    assert_eq!(found, expect);
+    assert!(
+        found[1]
+            .to_string()
+            .contains("chip 0: table names EFA 0000:ca:00.0 (PHB)"),
+        "{}",
+        found[1]
+    );
+
+    // Derived from the tree, the pairing has every chip but the one whose
+    // EFA is gone, which now shares no switch with any EFA.
+    let derived = derive_pairing(&located, &efas);
+    assert_eq!(derived.unpaired, vec![5]);
+    for (chip, efa) in derived.table.chips() {
+        assert_eq!(published.efa_for_chip(*chip), Some(*efa));
+    }
+    assert_eq!(derived.table.chips().len(), 15);
 }
