@@ -384,6 +384,9 @@ state = {state}
   cdi_spec_dirs = [{cdi}]
   tolerate_missing_hugetlb_controller = true
   disable_hugetlb_controller = true
+  # Without CAP_SYS_RESOURCE (this VM's root lacks it) runc cannot lower
+  # oom_score_adj (the sandbox gets -998): clamp to containerd's own value.
+  restrict_oom_score_adj = true
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd]
   default_runtime_name = 'runc'
