@@ -9,6 +9,7 @@ mod examples;
 mod fixtures;
 mod helm;
 mod image;
+mod k8s;
 mod kind;
 mod manifests;
 mod topology;
@@ -37,6 +38,8 @@ enum Task {
     Fixtures(fixtures::FixturesArgs),
     /// Print the GPU / Neuron / EFA affinity matrix of an instance type or a sysfs tree.
     Topology(topology::TopologyArgs),
+    /// Build the Kubernetes components and run the local end-to-end cluster.
+    K8s(k8s::K8sArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -46,5 +49,6 @@ fn main() -> anyhow::Result<()> {
         Task::E2e(args) => e2e::run(args),
         Task::Fixtures(args) => fixtures::run(args),
         Task::Topology(args) => topology::run(args),
+        Task::K8s(args) => k8s::run(args),
     }
 }

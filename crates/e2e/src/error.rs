@@ -1,0 +1,107 @@
+//! The one error type of the crate: every variant names the file, process or
+//! object it is about, so a failed end-to-end run says where to look.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("running {command}: {source}")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{command} failed ({status}){}", tail_suffix(.output_tail))]
+    CommandFailed {
+        command: String,
+        status: String,
+        output_tail: String,
+    },
+    #[error("{what} is missing at {path}; run `cargo xtask k8s build`")]
+    MissingBinary { what: String, path: PathBuf },
+    #[error("go.mod at {path} pins {module} {found}, expected {expected}")]
+    PinMismatch {
+        path: PathBuf,
+        module: String,
+        found: String,
+        expected: String,
+    },
+    #[error("invalid Kubernetes version {0:?} (expected vMAJOR.MINOR.PATCH)")]
+    BadVersion(String),
+    #[error("upstream go.mod {path} has no staging replace directives")]
+    NoStagingReplaces { path: PathBuf },
+    #[error("certificate {name}: {source}")]
+    Certificate {
+        name: String,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("encoding {what}: {source}")]
+    Json {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("no free TCP port on {addr}: {source}")]
+    NoFreePort {
+        addr: std::net::IpAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("process {name} (pid {pid}) exited early with {status}; log: {log}")]
+    ProcessExited {
+        name: String,
+        pid: i32,
+        status: String,
+        log: PathBuf,
+    },
+    #[error("timed out after {after:?} waiting for {what}; logs: {logs}")]
+    Timeout {
+        what: String,
+        after: Duration,
+        logs: PathBuf,
+    },
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: PathBuf, message: String },
+    #[error("Kubernetes API {action}: {source}")]
+    Kube {
+        action: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("node name {0:?} is not a DNS label of at most 20 characters")]
+    BadNodeName(String),
+    #[error("host setup: {0}")]
+    Host(String),
+}
+
+fn tail_suffix(tail: &str) -> String {
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!(":\n{tail}")
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Shorthand for the common "I/O on this path" error.
+pub(crate) fn io(
+    action: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}

@@ -1,0 +1,29 @@
+//! A local Kubernetes cluster for end-to-end tests, run as plain processes.
+//!
+//! [`toolchain`] builds (or finds) the real components from their Go modules;
+//! [`LocalCluster`] starts etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler on loopback with generated certificates, then one containerd
+//! and one real kubelet per node, each fully separated (own root dir, sockets,
+//! ports, cgroup root, node certificate). Every process runs in its own process
+//! group and is killed by pid on drop, on panic and on Ctrl-C/SIGTERM.
+//!
+//! Limits: root is required (kubelet and containerd manage cgroups and
+//! mounts); pods should use `hostNetwork: true` (no CNI network is set up) and
+//! `imagePullPolicy: Never` with [`PAUSE_IMAGE`]/[`PROBE_IMAGE`] (no registry).
+
+mod cgroups;
+pub mod cluster;
+pub mod error;
+pub mod image;
+mod node;
+pub mod pki;
+pub mod process;
+pub mod toolchain;
+
+pub use cluster::{
+    ClusterConfig, HostProcess, LocalCluster, NODE_IP, NodeSpec, TeardownReport,
+    client_from_kubeconfig,
+};
+pub use error::{Error, Result};
+pub use node::LocalNode;
+pub use toolchain::{Binaries, KubernetesVersion, PAUSE_IMAGE, PROBE_IMAGE};

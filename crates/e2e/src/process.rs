@@ -1,0 +1,260 @@
+//! Child processes that cannot outlive the test that started them.
+//!
+//! Each component runs in its own process group (so a Go binary's helpers go
+//! with it) with stdout and stderr appended to its log file. Teardown is by
+//! pid: SIGTERM to the group, a grace period, then SIGKILL. A process-wide
+//! registry of teardown hooks plus a SIGINT/SIGTERM handler makes Ctrl-C tear
+//! clusters down too; `Drop` covers success, failure and panic.
+//!
+//! Processes that leave their group on purpose (containerd's shims, container
+//! processes) are not reachable through the group; the node code finds those
+//! through cgroups and kills them by pid as well.
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use crate::error::{Error, Result, io};
+
+/// A running child in its own process group, with its log file.
+#[derive(Debug)]
+pub struct ManagedProcess {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    exited: Option<String>,
+}
+
+impl ManagedProcess {
+    /// Starts `command` in a new process group, output appended to `log`.
+    pub fn spawn(name: &str, mut command: Command, log: &Path) -> Result<Self> {
+        if let Some(parent) = log.parent() {
+            fs::create_dir_all(parent).map_err(io("creating", parent))?;
+        }
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(io("opening log", log))?;
+        let err = out.try_clone().map_err(io("duplicating log handle", log))?;
+        let rendered = format!("{command:?}");
+        {
+            use std::io::Write;
+            let mut header = &out;
+            let _ = writeln!(header, "==> {rendered}");
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| Error::Spawn {
+                command: rendered,
+                source,
+            })?;
+        tracing::debug!(process = name, pid = child.id(), log = %log.display(), "started");
+        Ok(Self {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+            exited: None,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> i32 {
+        // Linux pids fit in i32 (pid_max ≤ 2^22).
+        i32::try_from(self.child.id()).unwrap_or(i32::MAX)
+    }
+
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// `Err(ProcessExited)` if the process has exited (reaping it).
+    pub fn check_running(&mut self) -> Result<()> {
+        if self.exited.is_none()
+            && let Ok(Some(status)) = self.child.try_wait()
+        {
+            self.exited = Some(status.to_string());
+        }
+        match &self.exited {
+            None => Ok(()),
+            Some(status) => Err(Error::ProcessExited {
+                name: self.name.clone(),
+                pid: self.pid(),
+                status: status.clone(),
+                log: self.log.clone(),
+            }),
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.check_running().is_ok()
+    }
+
+    /// Sends `signal` to the whole process group.
+    pub fn signal_group(&self, signal: Signal) {
+        if self.exited.is_none() {
+            let _ = killpg(Pid::from_raw(self.pid()), signal);
+        }
+    }
+
+    /// SIGTERM to the group, up to `grace` to exit, then SIGKILL; reaps the child.
+    pub fn terminate(&mut self, grace: Duration) {
+        if !self.is_running() {
+            // The leader is gone, but helpers in its group may not be.
+            let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+            return;
+        }
+        self.signal_group(Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if !self.is_running() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        if self.exited.is_none()
+            && let Ok(status) = self.child.wait()
+        {
+            self.exited = Some(status.to_string());
+        }
+        tracing::debug!(process = %self.name, pid = self.pid(), "stopped");
+    }
+
+    /// SIGKILL to the group at once (a crash, for resilience tests), reaped.
+    pub fn kill(&mut self) {
+        self.terminate(Duration::ZERO);
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.terminate(Duration::from_secs(5));
+    }
+}
+
+/// True while a process with this pid exists (and is not a zombie we own).
+pub fn pid_alive(pid: i32) -> bool {
+    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s,
+        Err(_) => return false,
+    };
+    // Field 3 (after the parenthesised command) is the state; Z is a zombie.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+type Hook = Arc<dyn Fn() + Send + Sync>;
+
+fn registry() -> &'static Mutex<BTreeMap<u64, Hook>> {
+    static REGISTRY: OnceLock<Mutex<BTreeMap<u64, Hook>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(BTreeMap::new()))
+}
+
+/// Removes its hook from the registry when dropped.
+pub struct TeardownGuard(u64);
+
+impl Drop for TeardownGuard {
+    fn drop(&mut self) {
+        if let Ok(mut hooks) = registry().lock() {
+            hooks.remove(&self.0);
+        }
+    }
+}
+
+/// Registers `hook` to run if the process gets SIGINT/SIGTERM (then exits
+/// with 130/143). Installs the signal handler on first use.
+pub fn on_interrupt(hook: Hook) -> TeardownGuard {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static HANDLER: OnceLock<()> = OnceLock::new();
+    HANDLER.get_or_init(|| {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        match signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) {
+            Ok(mut signals) => {
+                std::thread::spawn(move || {
+                    if let Some(signal) = signals.forever().next() {
+                        eprintln!("aws-dra-e2e: signal {signal}, tearing down local clusters");
+                        let hooks: Vec<Hook> = registry()
+                            .lock()
+                            .map(|h| h.values().cloned().collect())
+                            .unwrap_or_default();
+                        for hook in hooks {
+                            hook();
+                        }
+                        std::process::exit(128 + signal);
+                    }
+                });
+            }
+            Err(err) => {
+                tracing::warn!(%err, "cannot install SIGINT handler; Ctrl-C will leak processes")
+            }
+        }
+    });
+    let id = NEXT.fetch_add(1, Ordering::Relaxed);
+    if let Ok(mut hooks) = registry().lock() {
+        hooks.insert(id, hook);
+    }
+    TeardownGuard(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminate_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("sh.log");
+        let mut cmd = Command::new("sh");
+        // A background grandchild in the same group, then the leader waits.
+        cmd.args(["-c", "sleep 300 & echo child=$!; wait"]);
+        let mut p = ManagedProcess::spawn("sh", cmd, &log).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let child_pid = loop {
+            let text = fs::read_to_string(&log).unwrap();
+            if let Some(pid) = text.lines().find_map(|l| l.strip_prefix("child=")) {
+                break pid.trim().parse::<i32>().unwrap();
+            }
+            assert!(Instant::now() < deadline, "no child pid in {text}");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(pid_alive(child_pid));
+        p.terminate(Duration::from_secs(2));
+        assert!(!p.is_running());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pid_alive(child_pid) {
+            assert!(Instant::now() < deadline, "grandchild {child_pid} survived");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn early_exit_names_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("false.log");
+        let mut p = ManagedProcess::spawn("false", Command::new("false"), &log).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while p.is_running() {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let err = p.check_running().unwrap_err().to_string();
+        assert!(err.contains("false.log"), "{err}");
+    }
+}

@@ -1,0 +1,28 @@
+// Command pause is the pod sandbox process of the local end-to-end cluster.
+//
+// It holds the pod's namespaces open, exits on SIGINT/SIGTERM and, as PID 1
+// of the sandbox, reaps orphaned children so they do not linger as zombies.
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	signals := make(chan os.Signal, 8)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGCHLD)
+	for sig := range signals {
+		if sig != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var status syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &status, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
