@@ -43,7 +43,20 @@ const STEPS: &[Step] = &[
     Step {
         name: "test",
         program: "cargo",
-        args: &["test", "--workspace", "--locked"],
+        args: &["test", "--workspace", "--exclude", "e2e", "--locked"],
+    },
+    // Kubernetes, etcd and containerd from their Go modules (cached under
+    // ~/.cache/aws-dra; seconds when warm, ~15 minutes cold on 2 cores).
+    Step {
+        name: "k8s-build",
+        program: "cargo",
+        args: &["xtask", "k8s", "build"],
+    },
+    // The end-to-end suite on a local cluster of real components.
+    Step {
+        name: "e2e",
+        program: "cargo",
+        args: &["test", "-p", "e2e", "--locked"],
     },
     // The container image's compile step (same command as the Dockerfile).
     Step {
