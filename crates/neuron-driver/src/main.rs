@@ -67,13 +67,12 @@ fn run(cmd: RunCommand) -> anyhow::Result<()> {
             DEFAULT_RESCAN_INTERVAL,
         ));
         let driver = NeuronDriver::new(shared);
-        // The kubelet plugin runtime (`dra_core::runtime::run(driver, rx,
-        // RuntimeOptions { common, run, device_plugin_resources:
-        // neuron_driver::safety::DEVICE_PLUGIN_RESOURCES })`) is being written
-        // in dra-core; until it lands this build cannot serve kubelet.
-        drop((driver, rx));
-        anyhow::bail!(
-            "neuron-driver run: the kubelet plugin runtime is not part of this build yet; use `discover`"
-        )
+        let options = dra_core::RuntimeOptions {
+            common: cmd.common,
+            run: cmd.run,
+            device_plugin_resources: neuron_driver::safety::DEVICE_PLUGIN_RESOURCES,
+        };
+        dra_core::runtime::run(driver, rx, options).await?;
+        Ok(())
     })
 }
