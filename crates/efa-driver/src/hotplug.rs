@@ -420,6 +420,26 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        #[test]
+        fn parse_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let _ = Uevent::parse(&bytes);
+        }
+
+        #[test]
+        fn parse_reads_what_was_written(
+            action in "[a-z]{1,8}",
+            path in "(/[a-z0-9:.]{1,12}){1,6}",
+            subsystem in "[a-z_]{1,16}",
+        ) {
+            let datagram = format!("{action}@{path}\0ACTION={action}\0SUBSYSTEM={subsystem}\0SEQNUM=7\0");
+            let e = Uevent::parse(datagram.as_bytes()).unwrap();
+            proptest::prop_assert_eq!(e.action, action);
+            proptest::prop_assert_eq!(e.devpath, path);
+            proptest::prop_assert_eq!(e.subsystem, Some(subsystem));
+        }
+    }
+
     #[test]
     fn metrics_register_once() {
         let registry = Registry::new();

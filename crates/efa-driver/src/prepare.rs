@@ -158,3 +158,23 @@ impl Driver for EfaDriver {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_path_only_when_it_differs() {
+        let rel = Path::new("infiniband/uverbs3");
+        let cases = [
+            ("/dev", None),
+            ("/dev/", None),
+            ("/host/dev", Some("/host/dev/infiniband/uverbs3")),
+        ];
+        for (dev_root, want) in cases {
+            let node = EfaDriver::new(SysfsRoot::default(), dev_root).node(rel);
+            assert_eq!(node.path, "/dev/infiniband/uverbs3", "{dev_root}");
+            assert_eq!(node.host_path.as_deref(), want, "{dev_root}");
+        }
+    }
+}

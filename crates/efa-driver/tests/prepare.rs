@@ -136,10 +136,10 @@ async fn no_rdma_cm_on_the_host_means_none_in_the_container() {
 }
 
 #[tokio::test]
-async fn dev_root_slash_dev_has_no_separate_host_path() {
+async fn missing_host_node_names_the_host_path() {
     let (_dir, f) = fixture("p4d.24xlarge");
-    // Only the path mapping is under test: /dev on this machine has no EFA,
-    // so the check for the host node fails and names the host path.
+    // /dev on this machine has no EFA: the check for the host node fails
+    // before any container is created, and says which path it looked at.
     let d = EfaDriver::new(SysfsRoot::new(&f.sys), "/dev");
     let err = d
         .prepare(&claim("u"), &alloc(&[name(&f.efas[0])]))
