@@ -302,10 +302,7 @@ pub fn decode_allocation_configs<C: DriverConfig>(
 
 /// The config for one allocation result: the last entry whose `requests`
 /// names the result's request (full `a/b` or base `a`) or is empty.
-pub fn config_for_request<C: Clone>(
-    resolved: &[ResolvedConfig<C>],
-    request: &str,
-) -> Option<C> {
+pub fn config_for_request<C: Clone>(resolved: &[ResolvedConfig<C>], request: &str) -> Option<C> {
     let base = base_request(request);
     resolved
         .iter()

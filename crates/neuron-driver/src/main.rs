@@ -71,6 +71,7 @@ fn run(cmd: RunCommand) -> anyhow::Result<()> {
             common: cmd.common,
             run: cmd.run,
             device_plugin_resources: neuron_driver::safety::DEVICE_PLUGIN_RESOURCES,
+            metrics: prometheus::Registry::new(),
         };
         dra_core::runtime::run(driver, rx, options).await?;
         Ok(())
