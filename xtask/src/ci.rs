@@ -19,6 +19,7 @@ struct Step {
     name: &'static str,
     program: &'static str,
     args: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
 }
 
 const STEPS: &[Step] = &[
@@ -26,6 +27,7 @@ const STEPS: &[Step] = &[
         name: "fmt",
         program: "cargo",
         args: &["fmt", "--all", "--check"],
+        env: &[],
     },
     Step {
         name: "clippy",
@@ -39,11 +41,19 @@ const STEPS: &[Step] = &[
             "-D",
             "warnings",
         ],
+        env: &[],
+    },
+    Step {
+        name: "doc",
+        program: "cargo",
+        args: &["doc", "--workspace", "--no-deps", "--locked"],
+        env: &[("RUSTDOCFLAGS", "-D warnings")],
     },
     Step {
         name: "test",
         program: "cargo",
         args: &["test", "--workspace", "--exclude", "e2e", "--locked"],
+        env: &[],
     },
     // Kubernetes, etcd and containerd from their Go modules (cached under
     // ~/.cache/aws-dra; seconds when warm, ~15 minutes cold on 2 cores).
@@ -51,23 +61,27 @@ const STEPS: &[Step] = &[
         name: "k8s-build",
         program: "cargo",
         args: &["xtask", "k8s", "build"],
+        env: &[],
     },
     // The end-to-end suite on a local cluster of real components.
     Step {
         name: "e2e",
         program: "cargo",
         args: &["test", "-p", "e2e", "--locked"],
+        env: &[],
     },
     // The container image's compile step (same command as the Dockerfile).
     Step {
         name: "image-build",
         program: "cargo",
         args: crate::image::BUILD_ARGS,
+        env: &[],
     },
     Step {
         name: "charts",
         program: "cargo",
         args: &["xtask", "charts", "check"],
+        env: &[],
     },
 ];
 
@@ -97,7 +111,7 @@ pub fn run(args: CiArgs) -> Result<()> {
         );
         let t = Instant::now();
         let mut command = Command::new(step.program);
-        command.args(step.args);
+        command.args(step.args).envs(step.env.iter().copied());
         if let Some(dir) = &scratch {
             command.env("TMPDIR", dir);
         }

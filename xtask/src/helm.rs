@@ -3,7 +3,7 @@
 //! The version is pinned by the wrapper module in `xtask/go/helm/go.mod`
 //! (with its `go.sum`), so every machine builds the same Helm from the Go
 //! module proxy; nothing is downloaded as a prebuilt binary. The binary lands
-//! in `~/.cache/aws-dra/helm/<version>/helm` (or under `$AWS_DRA_CACHE`) and
+//! in `~/.cache/aws-dra/helm/<version>/helm` (or under `$AWS_DRA_CACHE_DIR`) and
 //! is rebuilt only when missing or when it reports another version. Helm's
 //! own config, cache and data directories are kept beside it, so a user's
 //! `~/.config/helm` (repositories, plugins) never changes what the checks do.
@@ -60,14 +60,11 @@ impl Helm {
     }
 }
 
-/// `$AWS_DRA_CACHE`, else `~/.cache/aws-dra`: shared with the other tools the
-/// project builds from source (the Kubernetes binaries).
+/// The one cache root of everything the project builds from source
+/// (`$AWS_DRA_CACHE_DIR`, else `~/.cache/aws-dra`), shared with the
+/// Kubernetes binaries so one variable moves all of it.
 pub fn cache_root() -> Result<PathBuf> {
-    if let Some(dir) = std::env::var_os("AWS_DRA_CACHE") {
-        return Ok(PathBuf::from(dir));
-    }
-    let home = std::env::var_os("HOME").context("HOME is not set; set AWS_DRA_CACHE")?;
-    Ok(PathBuf::from(home).join(".cache").join("aws-dra"))
+    Ok(e2e::toolchain::cache_root())
 }
 
 /// The Helm version the wrapper module pins, read from its `go.mod`.

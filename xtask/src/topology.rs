@@ -23,7 +23,7 @@ pub struct TopologyArgs {
     /// Instance type to generate a fixture for and show (see `cargo xtask fixtures --list`).
     #[arg(required_unless_present = "sysfs_root", conflicts_with = "sysfs_root")]
     instance_type: Option<String>,
-    /// Show an existing sysfs tree instead (e.g. /sys, or <dir>/sys of `cargo xtask fixtures`).
+    /// Show an existing sysfs tree instead (e.g. /sys, or `<dir>/sys` of `cargo xtask fixtures`).
     #[arg(long)]
     sysfs_root: Option<PathBuf>,
 }

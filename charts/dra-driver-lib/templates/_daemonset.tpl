@@ -109,7 +109,7 @@ spec:
               value: {{ .Values.hostPaths.cdiRoot | quote }}
             - name: METRICS_ADDRESS
               value: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
-            - name: RUST_LOG
+            - name: LOG_LEVEL
               value: {{ .Values.logLevel | quote }}
           ports:
             - name: metrics

@@ -255,14 +255,14 @@ pub struct ConfigEntryError {
 
 /// One decoded entry for our driver, in precedence order.
 #[derive(Debug, Clone)]
-pub(crate) struct ResolvedConfig<C> {
+pub struct ResolvedConfig<C> {
     requests: Vec<String>,
     config: C,
 }
 
 /// Decode every entry of the allocation that belongs to `driver`, ordered
 /// class-first; the first failing entry fails the claim.
-pub(crate) fn decode_allocation_configs<C: DriverConfig>(
+pub fn decode_allocation_configs<C: DriverConfig>(
     driver: &str,
     entries: &[DeviceAllocationConfiguration],
 ) -> Result<Vec<ResolvedConfig<C>>, ConfigEntryError> {
@@ -302,10 +302,7 @@ pub(crate) fn decode_allocation_configs<C: DriverConfig>(
 
 /// The config for one allocation result: the last entry whose `requests`
 /// names the result's request (full `a/b` or base `a`) or is empty.
-pub(crate) fn config_for_request<C: Clone>(
-    resolved: &[ResolvedConfig<C>],
-    request: &str,
-) -> Option<C> {
+pub fn config_for_request<C: Clone>(resolved: &[ResolvedConfig<C>], request: &str) -> Option<C> {
     let base = base_request(request);
     resolved
         .iter()

@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::Device;
 use prometheus::Registry;
 use tokio::sync::watch;
@@ -41,6 +42,9 @@ pub struct RuntimeOptions {
     /// Extended resources that the classic device plugin advertises for the
     /// same hardware, e.g. `["vpc.amazonaws.com/efa"]`.
     pub device_plugin_resources: &'static [&'static str],
+    /// Where the driver registered its own metrics; the runtime adds its
+    /// own and serves them all on `/metrics`.
+    pub metrics: Registry,
 }
 
 impl RuntimeOptions {
@@ -109,23 +113,17 @@ pub async fn run<D: Driver>(
         BackoffConfig::default(),
     )
     .await?;
-    let present = device_plugin_resources_present(&node, options.device_plugin_resources);
-    if !present.is_empty() {
-        if options.run.allow_device_plugin_coexistence {
-            tracing::warn!(node = %node_name, resources = ?present, "classic device plugin present; continuing because --allow-device-plugin-coexistence is set");
-        } else {
-            return Err(RuntimeError::DevicePluginPresent {
-                node: node_name,
-                resources: present,
-            });
-        }
-    }
+    check_device_plugin_coexistence(
+        &node,
+        options.device_plugin_resources,
+        options.run.allow_device_plugin_coexistence,
+    )?;
     let owner = node_owner(&node)?;
 
     let shutdown = CancellationToken::new();
     spawn_signal_handler(shutdown.clone())?;
 
-    let registry = Registry::new();
+    let registry = options.metrics.clone();
     let plugin_metrics = PluginMetrics::register(&registry)?;
     let publish_metrics = PublishMetrics::register(&registry)?;
 
@@ -180,6 +178,29 @@ pub async fn run<D: Driver>(
     Ok(result?)
 }
 
+/// Refuses to run beside the classic device plugin of the same hardware
+/// (the Node's `status.allocatable` has one of `resources` above zero),
+/// unless `allow` (`--allow-device-plugin-coexistence`) says otherwise.
+pub fn check_device_plugin_coexistence(
+    node: &Node,
+    resources: &[&str],
+    allow: bool,
+) -> Result<(), RuntimeError> {
+    let present = device_plugin_resources_present(node, resources);
+    if present.is_empty() {
+        return Ok(());
+    }
+    let name = node.metadata.name.clone().unwrap_or_default();
+    if allow {
+        tracing::warn!(node = %name, resources = ?present, "classic device plugin present; continuing because --allow-device-plugin-coexistence is set");
+        return Ok(());
+    }
+    Err(RuntimeError::DevicePluginPresent {
+        node: name,
+        resources: present,
+    })
+}
+
 fn spawn_signal_handler(shutdown: CancellationToken) -> Result<(), RuntimeError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).map_err(RuntimeError::Signals)?;
@@ -215,6 +236,7 @@ mod tests {
             common: run.common,
             run: run.run,
             device_plugin_resources: &[],
+            metrics: Registry::new(),
         }
     }
 
@@ -233,5 +255,50 @@ mod tests {
                 .ends_with("plugins_registry/neuron.aws.com-reg.sock")
         );
         assert!(sockets.plugin.ends_with("plugins/neuron.aws.com/dra.sock"));
+    }
+
+    fn node(allocatable: &[(&str, &str)]) -> Node {
+        use k8s_openapi::api::core::v1::NodeStatus;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        node.status = Some(NodeStatus {
+            allocatable: Some(
+                allocatable
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect(),
+            ),
+            ..Default::default()
+        });
+        node
+    }
+
+    #[test]
+    fn device_plugin_coexistence_is_refused_unless_allowed() {
+        const EFA: &[&str] = &["vpc.amazonaws.com/efa"];
+        // (allocatable, allow, may start)
+        type Case = (&'static [(&'static str, &'static str)], bool, bool);
+        let cases: &[Case] = &[
+            (&[("cpu", "8")], false, true),
+            (&[("vpc.amazonaws.com/efa", "32")], false, false),
+            (&[("vpc.amazonaws.com/efa", "32")], true, true),
+            // kubelet keeps a removed plugin's resource at 0
+            (&[("vpc.amazonaws.com/efa", "0")], false, true),
+            (&[("aws.amazon.com/neuron", "16")], false, true),
+        ];
+        for (allocatable, allow, may_start) in cases {
+            let result = check_device_plugin_coexistence(&node(allocatable), EFA, *allow);
+            assert_eq!(result.is_ok(), *may_start, "{allocatable:?} allow={allow}");
+            if let Err(e) = result {
+                let message = e.to_string();
+                assert!(
+                    message.contains("node n1")
+                        && message.contains("vpc.amazonaws.com/efa")
+                        && message.contains("--allow-device-plugin-coexistence"),
+                    "{message}"
+                );
+            }
+        }
     }
 }

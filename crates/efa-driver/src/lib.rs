@@ -1,0 +1,23 @@
+//! `efa-driver`: the Kubernetes DRA driver for AWS Elastic Fabric Adapters.
+//!
+//! One file per concern: [`discovery`] (sysfs → [`discovery::Efa`]),
+//! [`attributes`] (EFA → DRA `Device`), [`config`] (the strict `EfaConfig`),
+//! [`prepare`] (the `dra-core` [`dra_core::Driver`] impl), [`hotplug`]
+//! (uevents + periodic rescan → the device watch channel), [`safety`]
+//! (refusing to run next to the classic device plugin).
+
+pub mod attributes;
+pub mod config;
+pub mod discovery;
+pub mod hotplug;
+pub mod prepare;
+pub mod safety;
+
+pub use config::EfaConfig;
+pub use discovery::{Discovery, DiscoveryError, Efa, discover};
+pub use prepare::EfaDriver;
+
+/// The DRA driver name (`--driver-name` default, DeviceClass name).
+pub const DRIVER_NAME: &str = "efa.networking.k8s.aws";
+/// The CDI kind of the devices this driver prepares.
+pub const CDI_KIND: &str = "k8s.efa.networking.k8s.aws/efa";

@@ -1,0 +1,123 @@
+//! Hot-plug: fixture mutations while the watcher runs change the published
+//! set; a steady state sends nothing.
+
+use std::time::Duration;
+
+use efa_driver::attributes::device_name;
+use efa_driver::hotplug::{EfaMetrics, Inventory, Trigger, WatchConfig, watch_devices};
+use k8s_openapi::api::resource::v1::Device;
+use sysfs_fixtures::{Fixture, generate};
+use tokio::sync::{mpsc, watch};
+use topology::{PciAddress, SysfsRoot};
+
+fn names(devices: &[Device]) -> Vec<String> {
+    devices.iter().map(|d| d.name.clone()).collect()
+}
+
+fn name(f: &Fixture, i: usize) -> String {
+    device_name(f.efas[i].bdf.parse::<PciAddress>().unwrap())
+}
+
+async fn next(rx: &mut watch::Receiver<Vec<Device>>) -> Vec<String> {
+    tokio::time::timeout(Duration::from_secs(10), rx.changed())
+        .await
+        .expect("watcher reported the change in time")
+        .expect("watcher alive");
+    names(&rx.borrow_and_update())
+}
+
+#[tokio::test]
+async fn periodic_rescan_follows_add_remove_unbind() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate("p5.48xlarge", dir.path()).unwrap();
+    let registry = prometheus::Registry::new();
+    let metrics = EfaMetrics::register(&registry).unwrap();
+    let mut inv = Inventory::new(SysfsRoot::new(&f.sys), Some(metrics.clone()));
+    let initial = inv.rescan(Trigger::Start).unwrap().unwrap();
+    assert_eq!(initial.len(), 32);
+    assert_eq!(
+        inv.rescan(Trigger::Interval).unwrap(),
+        None,
+        "no change, no send"
+    );
+    let (tx, mut rx) = watch::channel(initial);
+    let (_trigger_tx, trigger_rx) = mpsc::channel(1);
+    let config = WatchConfig {
+        rescan_interval: Duration::from_millis(50),
+        settle: Duration::from_millis(10),
+    };
+    let task = tokio::spawn(watch_devices(inv, tx, trigger_rx, config));
+
+    f.remove_efa(&f.efas[3].bdf).unwrap();
+    let got = next(&mut rx).await;
+    assert_eq!(got.len(), 31);
+    assert!(!got.contains(&name(&f, 3)));
+
+    f.unbind_driver(&f.efas[10].bdf).unwrap();
+    let got = next(&mut rx).await;
+    assert_eq!(got.len(), 30);
+    assert!(!got.contains(&name(&f, 10)));
+    assert_eq!(
+        metrics
+            .unusable
+            .with_label_values(&["driver_not_bound"])
+            .get(),
+        1
+    );
+
+    f.bind_driver(&f.efas[10].bdf).unwrap();
+    f.add_efa(&f.efas[3].bdf).unwrap();
+    // Both may land in one rescan or two; wait until all 32 are back.
+    let mut got = next(&mut rx).await;
+    while got.len() != 32 {
+        got = next(&mut rx).await;
+    }
+    assert!(got.contains(&name(&f, 3)) && got.contains(&name(&f, 10)));
+    assert_eq!(metrics.devices.get(), 32);
+    assert_eq!(
+        metrics
+            .unusable_total
+            .with_label_values(&["driver_not_bound"])
+            .get(),
+        1,
+        "warned and counted once, not on every rescan"
+    );
+
+    // Steady state: several intervals pass without a send.
+    let quiet = tokio::time::timeout(Duration::from_millis(300), rx.changed()).await;
+    assert!(quiet.is_err(), "nothing changed, nothing sent");
+
+    drop(rx);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("watcher stops when the receiver is gone")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_uevent_trigger_rescans_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = generate("trn2.48xlarge", dir.path()).unwrap();
+    let mut inv = Inventory::new(SysfsRoot::new(&f.sys), None);
+    let initial = inv.rescan(Trigger::Start).unwrap().unwrap();
+    assert_eq!(initial.len(), 16);
+    let (tx, mut rx) = watch::channel(initial);
+    let (trigger_tx, trigger_rx) = mpsc::channel(1);
+    let config = WatchConfig {
+        rescan_interval: Duration::from_secs(3600),
+        settle: Duration::from_millis(20),
+    };
+    tokio::spawn(watch_devices(inv, tx, trigger_rx, config));
+    f.remove_efa(&f.efas[0].bdf).unwrap();
+    trigger_tx.send(Trigger::Uevent).await.unwrap();
+    let got = next(&mut rx).await;
+    assert_eq!(got.len(), 15);
+    assert!(!got.contains(&name(&f, 0)));
+}
+
+#[tokio::test]
+async fn uevent_socket_opens() {
+    // The watcher's real event source: a kernel uevent netlink socket. Its
+    // opening needs no privilege; a failure here would leave only rescans.
+    efa_driver::hotplug::UeventSocket::open().unwrap();
+}

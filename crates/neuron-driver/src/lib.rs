@@ -1,0 +1,29 @@
+//! `neuron-driver`: the DRA driver for AWS Neuron chips (Inferentia2,
+//! Trainium1/2/3), as a library so that the binary stays a thin CLI and tests
+//! reach every part.
+//!
+//! - [`discovery`]: sysfs + `/dev` → [`discovery::NodeInventory`];
+//! - [`bdf`]: the chip → PCI address ioctl, behind [`bdf::BdfSource`];
+//! - [`attributes`]: inventory → DRA `Device`s;
+//! - [`config`]: the opaque `NeuronConfig`;
+//! - [`lnc`]: Logical NeuronCore rules and core numbering;
+//! - [`prepare`]: [`prepare::NeuronDriver`], the `dra-core` driver;
+//! - [`hotplug`]: rescans feeding the publisher;
+//! - [`safety`]: the classic device plugin's resources.
+
+pub mod attributes;
+pub mod bdf;
+pub mod config;
+pub mod discovery;
+pub mod hotplug;
+pub mod lnc;
+pub mod prepare;
+pub mod safety;
+
+/// Default `--driver-name`.
+pub const DRIVER_NAME: &str = "neuron.aws.com";
+
+pub use attributes::devices;
+pub use config::NeuronConfig;
+pub use discovery::{NodeInventory, discover};
+pub use prepare::NeuronDriver;
