@@ -7,7 +7,7 @@
 //! applied as rendered, server-side, so the API server validates it.
 //!
 //! `helm` is the binary `cargo xtask charts check` builds from its Go module
-//! into `~/.cache/aws-dra/helm/<version>/helm` (the version pinned by
+//! into `<cache>/helm/<version>/helm` (`AWS_DRA_CACHE_DIR` or `~/.cache/aws-dra`; the version pinned by
 //! `xtask/go/helm/go.mod`); `AWS_DRA_HELM` overrides the path. This module
 //! never builds it: `cargo xtask e2e --cluster local` does that first.
 
@@ -92,14 +92,8 @@ impl Helm {
             what: go_mod.display().to_string(),
             message: "does not require helm.sh/helm/v4".into(),
         })?;
-        // The same lookup as xtask's helm module (`AWS_DRA_CACHE`; note the
-        // Kubernetes binaries use `AWS_DRA_CACHE_DIR`).
-        let cache = match std::env::var_os("AWS_DRA_CACHE") {
-            Some(dir) => PathBuf::from(dir),
-            None => std::env::var_os("HOME")
-                .map_or_else(|| PathBuf::from("/root"), PathBuf::from)
-                .join(".cache/aws-dra"),
-        };
+        // The cache xtask's helm module builds into.
+        let cache = crate::toolchain::cache_root();
         let dir = cache.join("helm").join(&version);
         let binary = dir.join("helm");
         if !binary.is_file() {

@@ -523,6 +523,8 @@ impl Testbed for LocalTestbed {
             .env("METRICS_ADDRESS", format!("127.0.0.1:{port}"))
             .env("LOG_FORMAT", "text")
             .env("LOG_LEVEL", "info,dra_core=debug")
+            // Plain text in the log files.
+            .env("NO_COLOR", "1")
             .env_remove("POD_UID");
         let started = Instant::now();
         let process = {

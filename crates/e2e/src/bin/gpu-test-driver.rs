@@ -220,6 +220,7 @@ fn main() -> anyhow::Result<()> {
                 common: r.common,
                 run: r.run,
                 device_plugin_resources: &["nvidia.com/gpu"],
+                metrics: prometheus::Registry::new(),
             };
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
