@@ -150,11 +150,7 @@ impl Helm {
 pub fn applied_objects(rendered: &[Value]) -> Vec<Value> {
     rendered
         .iter()
-        .filter(|o| {
-            !SKIPPED_KINDS
-                .iter()
-                .any(|k| o["kind"].as_str() == Some(*k))
-        })
+        .filter(|o| !SKIPPED_KINDS.iter().any(|k| o["kind"].as_str() == Some(*k)))
         .cloned()
         .collect()
 }
@@ -176,10 +172,16 @@ mod tests {
 
     #[test]
     fn daemonsets_and_services_are_not_applied() {
-        let objs: Vec<Value> = ["DaemonSet", "Service", "DeviceClass", "ClusterRole", "ServiceMonitor"]
-            .iter()
-            .map(|k| serde_json::json!({"kind": k, "metadata": {"name": "x"}}))
-            .collect();
+        let objs: Vec<Value> = [
+            "DaemonSet",
+            "Service",
+            "DeviceClass",
+            "ClusterRole",
+            "ServiceMonitor",
+        ]
+        .iter()
+        .map(|k| serde_json::json!({"kind": k, "metadata": {"name": "x"}}))
+        .collect();
         let kept: Vec<String> = applied_objects(&objs).iter().map(manifests::id).collect();
         assert_eq!(kept, ["DeviceClass/x", "ClusterRole/x"]);
     }

@@ -64,7 +64,11 @@ fn gvk(obj: &Value) -> Result<GroupVersionKind> {
 
 /// The dynamic API of `obj`'s resource, namespaced to `namespace` (or the
 /// object's own, or `default`) when the resource is namespaced.
-async fn api_for(client: &Client, obj: &Value, namespace: Option<&str>) -> Result<Api<DynamicObject>> {
+async fn api_for(
+    client: &Client,
+    obj: &Value,
+    namespace: Option<&str>,
+) -> Result<Api<DynamicObject>> {
     let gvk = gvk(obj)?;
     let (resource, caps) = discovery::pinned_kind(client, &gvk)
         .await
@@ -143,8 +147,9 @@ mod tests {
     fn gvk_splits_core_and_grouped_versions() {
         let core = gvk(&serde_json::json!({"apiVersion": "v1", "kind": "Pod"})).unwrap();
         assert_eq!((core.group.as_str(), core.version.as_str()), ("", "v1"));
-        let dra = gvk(&serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}))
-            .unwrap();
+        let dra =
+            gvk(&serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim"}))
+                .unwrap();
         assert_eq!(
             (dra.group.as_str(), dra.version.as_str(), dra.kind.as_str()),
             ("resource.k8s.io", "v1", "ResourceClaim")

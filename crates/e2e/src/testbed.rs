@@ -63,7 +63,10 @@ impl DriverKind {
     pub fn service_account(self) -> (String, String) {
         match self.chart() {
             Some(c) => (charts::NAMESPACE.to_string(), c.service_account()),
-            None => (charts::NAMESPACE.to_string(), GPU_TEST_SERVICE_ACCOUNT.to_string()),
+            None => (
+                charts::NAMESPACE.to_string(),
+                GPU_TEST_SERVICE_ACCOUNT.to_string(),
+            ),
         }
     }
 

@@ -33,7 +33,10 @@ struct Shared {
 
 impl Shared {
     fn testbed(&self) -> Result<Arc<LocalTestbed>, Failed> {
-        let mut guard = self.testbed.lock().map_err(|_| Failed::from("state poisoned"))?;
+        let mut guard = self
+            .testbed
+            .lock()
+            .map_err(|_| Failed::from("state poisoned"))?;
         if guard.is_none() {
             let started = Instant::now();
             let result = self
@@ -72,14 +75,17 @@ fn figures(shared: &Shared, tb: &LocalTestbed) -> Figures {
     }
     for node in tb.nodes() {
         for kind in &node.drivers {
-            if let Ok(text) = shared.runtime.block_on(tb.driver_metrics(&node.name, *kind))
+            if let Ok(text) = shared
+                .runtime
+                .block_on(tb.driver_metrics(&node.name, *kind))
                 && let Some((n, ms)) = scenarios::prepare_latency(&text)
             {
                 f.prepare_latency
                     .push((node.name.clone(), kind.binary().to_string(), n, ms));
             }
             if let Some(kib) = tb.driver_rss_kib(&node.name, *kind) {
-                f.rss_kib.push((node.name.clone(), kind.binary().to_string(), kib));
+                f.rss_kib
+                    .push((node.name.clone(), kind.binary().to_string(), kib));
             }
         }
     }
@@ -96,7 +102,10 @@ fn print_figures(f: &Figures) {
         eprintln!("    prepare latency         {node:<5} {driver:<16} {ms:>8.1} ms mean over {n}");
     }
     for (node, driver, kib) in &f.rss_kib {
-        eprintln!("    RSS after the run       {node:<5} {driver:<16} {:>8.1} MiB", *kib as f64 / 1024.0);
+        eprintln!(
+            "    RSS after the run       {node:<5} {driver:<16} {:>8.1} MiB",
+            *kib as f64 / 1024.0
+        );
     }
 }
 
@@ -134,7 +143,10 @@ fn main() -> ExitCode {
                 let tb = shared.testbed()?;
                 let started = Instant::now();
                 let result = shared.runtime.block_on(scenarios::run(tb.as_ref(), name));
-                eprintln!("aws-dra-e2e: {name} took {:.1}s", started.elapsed().as_secs_f64());
+                eprintln!(
+                    "aws-dra-e2e: {name} took {:.1}s",
+                    started.elapsed().as_secs_f64()
+                );
                 result.map_err(|e| Failed::from(format!("{e:#}")))
             })
         })

@@ -84,7 +84,10 @@ impl Gpu {
             string(self.pci.address.to_string()),
         );
         if let Some(numa) = self.pci.numa_node {
-            attrs.insert("resource.kubernetes.io/numaNode".into(), int(i64::from(numa)));
+            attrs.insert(
+                "resource.kubernetes.io/numaNode".into(),
+                int(i64::from(numa)),
+            );
         }
         Device {
             name: self.name(),
@@ -207,7 +210,10 @@ fn main() -> anyhow::Result<()> {
         DriverCommand::Run(r) => {
             init_logging(r.common.log_format, r.common.log_filter())?;
             let gpus = discover(&SysfsRoot::new(&r.common.sysfs_root))?;
-            tracing::info!(gpus = gpus.len(), "gpu-test-driver (a TEST stand-in for gpu.nvidia.com) starting");
+            tracing::info!(
+                gpus = gpus.len(),
+                "gpu-test-driver (a TEST stand-in for gpu.nvidia.com) starting"
+            );
             let devices: Vec<Device> = gpus.iter().map(Gpu::device).collect();
             // The device set of a fixture never changes: the sender only has
             // to outlive the runtime.

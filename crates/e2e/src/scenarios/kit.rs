@@ -17,7 +17,12 @@ use crate::testbed::{DriverKind, Testbed};
 
 /// Polls `f` every 250 ms until it yields a value or `timeout` passes; the
 /// error names `what` and the testbed's log locations.
-pub async fn wait_for<T, F, Fut>(tb: &impl Testbed, what: &str, timeout: Duration, mut f: F) -> Result<T>
+pub async fn wait_for<T, F, Fut>(
+    tb: &impl Testbed,
+    what: &str,
+    timeout: Duration,
+    mut f: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>>>,
@@ -33,7 +38,9 @@ where
         if started.elapsed() > timeout {
             return Err(anyhow!(
                 "timed out after {timeout:?} waiting for {what}{}; {}",
-                last_err.map(|e| format!(" (last error: {e:#})")).unwrap_or_default(),
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default(),
                 tb.logs_hint()
             ));
         }
@@ -78,7 +85,13 @@ pub async fn apply_all(tb: &impl Testbed, ns: &str, objs: &[Value]) -> Result<()
 
 /// A pod for `template` (a ResourceClaimTemplate name) or `claim` (a
 /// ResourceClaim name), adapted to the testbed.
-pub fn pod_with_claim(tb: &impl Testbed, name: &str, template: Option<&str>, claim: Option<&str>, node: Option<&str>) -> Value {
+pub fn pod_with_claim(
+    tb: &impl Testbed,
+    name: &str,
+    template: Option<&str>,
+    claim: Option<&str>,
+    node: Option<&str>,
+) -> Value {
     let mut rc = json!({"name": "devices"});
     if let Some(t) = template {
         rc["resourceClaimTemplateName"] = json!(t);
@@ -127,12 +140,21 @@ pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration)
     loop {
         let pod = get_pod(tb, ns, name).await?;
         if let Some(pod) = &pod {
-            let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
             if phase == "Running" {
                 return Ok(pod.clone());
             }
             if phase == "Failed" || phase == "Succeeded" {
-                bail!("pod {ns}/{name} ended ({phase}): {:?}; events {:?}; {}", pod.status, events(tb, ns, name).await?, tb.logs_hint());
+                bail!(
+                    "pod {ns}/{name} ended ({phase}): {:?}; events {:?}; {}",
+                    pod.status,
+                    events(tb, ns, name).await?,
+                    tb.logs_hint()
+                );
             }
         }
         if started.elapsed() > timeout {
@@ -148,7 +170,12 @@ pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration)
 }
 
 /// Deletes pods and waits until they are gone.
-pub async fn delete_pods(tb: &impl Testbed, ns: &str, names: &[&str], timeout: Duration) -> Result<()> {
+pub async fn delete_pods(
+    tb: &impl Testbed,
+    ns: &str,
+    names: &[&str],
+    timeout: Duration,
+) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
     for n in names {
         match pods.delete(n, &DeleteParams::default()).await {
@@ -164,6 +191,20 @@ pub async fn delete_pods(tb: &impl Testbed, ns: &str, names: &[&str], timeout: D
         .await?;
     }
     Ok(())
+}
+
+/// Deletes every pod of `ns` and waits until they are gone.
+pub async fn delete_all_pods(tb: &impl Testbed, ns: &str, timeout: Duration) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
+    let names: Vec<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    delete_pods(tb, ns, &refs, timeout).await
 }
 
 /// Deletes a namespace without waiting (its pods must already be gone).
@@ -182,7 +223,11 @@ pub struct ProbeReport {
 
 impl ProbeReport {
     pub fn parse(log: &str) -> Option<ProbeReport> {
-        let body = log.split_once("probe-begin\n")?.1.split_once("probe-end")?.0;
+        let body = log
+            .split_once("probe-begin\n")?
+            .1
+            .split_once("probe-end")?
+            .0;
         let mut r = ProbeReport::default();
         for line in body.lines() {
             if let Some(rest) = line.strip_prefix("dev ") {
@@ -211,10 +256,15 @@ impl ProbeReport {
 /// Waits for the probe's complete report in the pod's log.
 pub async fn probe(tb: &impl Testbed, ns: &str, pod: &str) -> Result<ProbeReport> {
     let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
-    wait_for(tb, &format!("probe report of {ns}/{pod}"), Duration::from_secs(60), || async {
-        let log = pods.logs(pod, &LogParams::default()).await?;
-        Ok(ProbeReport::parse(&log))
-    })
+    wait_for(
+        tb,
+        &format!("probe report of {ns}/{pod}"),
+        Duration::from_secs(60),
+        || async {
+            let log = pods.logs(pod, &LogParams::default()).await?;
+            Ok(ProbeReport::parse(&log))
+        },
+    )
     .await
 }
 
@@ -250,9 +300,16 @@ pub fn allocation(claim: &ResourceClaim) -> Vec<Allocated> {
 
 /// The ResourceClaims of a pod (template-generated or referenced).
 pub async fn pod_claims(tb: &impl Testbed, ns: &str, pod: &str) -> Result<Vec<ResourceClaim>> {
-    let p = get_pod(tb, ns, pod).await?.ok_or_else(|| anyhow!("pod {ns}/{pod} not found"))?;
+    let p = get_pod(tb, ns, pod)
+        .await?
+        .ok_or_else(|| anyhow!("pod {ns}/{pod} not found"))?;
     let mut names = Vec::new();
-    for rc in p.spec.as_ref().and_then(|s| s.resource_claims.clone()).unwrap_or_default() {
+    for rc in p
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.clone())
+        .unwrap_or_default()
+    {
         if let Some(n) = rc.resource_claim_name {
             names.push(n);
         } else if let Some(st) = p
@@ -264,13 +321,21 @@ pub async fn pod_claims(tb: &impl Testbed, ns: &str, pod: &str) -> Result<Vec<Re
         {
             names.push(st);
         } else {
-            bail!("pod {ns}/{pod}: claim {} has no generated ResourceClaim yet", rc.name);
+            bail!(
+                "pod {ns}/{pod}: claim {} has no generated ResourceClaim yet",
+                rc.name
+            );
         }
     }
     let claims: Api<ResourceClaim> = Api::namespaced(tb.client(), ns);
     let mut out = Vec::new();
     for n in names {
-        out.push(claims.get(&n).await.with_context(|| format!("reading claim {ns}/{n}"))?);
+        out.push(
+            claims
+                .get(&n)
+                .await
+                .with_context(|| format!("reading claim {ns}/{n}"))?,
+        );
     }
     Ok(out)
 }
@@ -281,7 +346,10 @@ pub async fn pod_devices(tb: &impl Testbed, ns: &str, pod: &str) -> Result<Vec<A
     for c in pod_claims(tb, ns, pod).await? {
         let a = allocation(&c);
         if a.is_empty() {
-            bail!("claim {ns}/{} of pod {pod} is not allocated", c.metadata.name.unwrap_or_default());
+            bail!(
+                "claim {ns}/{} of pod {pod} is not allocated",
+                c.metadata.name.unwrap_or_default()
+            );
         }
         all.extend(a);
     }
@@ -302,7 +370,11 @@ pub async fn slices(tb: &impl Testbed, node: &str, kind: DriverKind) -> Result<V
 }
 
 /// Published devices of `driver` on `node`, by name.
-pub async fn devices(tb: &impl Testbed, node: &str, kind: DriverKind) -> Result<BTreeMap<String, Device>> {
+pub async fn devices(
+    tb: &impl Testbed,
+    node: &str,
+    kind: DriverKind,
+) -> Result<BTreeMap<String, Device>> {
     Ok(slices(tb, node, kind)
         .await?
         .into_iter()
@@ -340,7 +412,12 @@ pub fn unschedulable(pod: &Pod) -> Option<(String, String)> {
         .as_ref()?
         .iter()
         .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .map(|c| (c.reason.clone().unwrap_or_default(), c.message.clone().unwrap_or_default()))
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
 }
 
 /// The EFA's index N of `uverbsN` from its device name (`efa-DDDD-BB-DD-F`)
@@ -379,7 +456,11 @@ mod tests {
             r.devices_with_prefix("/dev/infiniband/"),
             BTreeSet::from(["/dev/infiniband/uverbs3".to_string()])
         );
-        assert_eq!(ProbeReport::parse("probe-begin\ndev x char 1:1\n"), None, "incomplete report");
+        assert_eq!(
+            ProbeReport::parse("probe-begin\ndev x char 1:1\n"),
+            None,
+            "incomplete report"
+        );
     }
 
     #[test]

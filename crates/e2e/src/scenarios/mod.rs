@@ -51,22 +51,39 @@ pub const SCENARIOS: [&str; 12] = [
     "s12_cel_selectors",
 ];
 
-/// Runs the scenario called `name`.
+/// The namespace of scenario `name` (`s04_gpu_all_efas_on_root` →
+/// `s04-gpu-all-efas-on-root`).
+pub fn namespace_of(name: &str) -> String {
+    name.replace('_', "-")
+}
+
+/// Runs the scenario called `name` in its own namespace, then removes
+/// every pod it left (also when it failed, so that the next scenario starts
+/// from idle drivers) and the namespace.
 pub async fn run<T: Testbed>(tb: &T, name: &str) -> Result<()> {
-    match name {
-        "s01_slices" => publish::slices(tb).await,
-        "s02_single_efa" => allocate::single_efa(tb).await,
-        "s03_gpu_efa_same_root" => allocate::gpu_efa_same_root(tb).await,
-        "s04_gpu_all_efas_on_root" => allocate::gpu_all_efas_on_root(tb).await,
-        "s05_neuron_groups" => allocate::neuron_groups(tb).await,
-        "s06_unsatisfiable_on_trn1" => allocate::unsatisfiable_on_trn1(tb).await,
-        "s07_shared_claim" => lifecycle::shared_claim(tb).await,
-        "s08_lnc" => lifecycle::lnc(tb).await,
-        "s09_delete_unprepares" => lifecycle::delete_unprepares(tb).await,
-        "s10_driver_crash" => lifecycle::driver_crash(tb).await,
-        "s11_node_isolation" => publish::node_isolation(tb).await,
-        "s12_cel_selectors" => allocate::cel_selectors(tb).await,
-        other => bail!("no scenario named {other}"),
+    let ns = namespace_of(name);
+    kit::namespace(tb, &ns).await?;
+    let result = match name {
+        "s01_slices" => publish::slices(tb, &ns).await,
+        "s02_single_efa" => allocate::single_efa(tb, &ns).await,
+        "s03_gpu_efa_same_root" => allocate::gpu_efa_same_root(tb, &ns).await,
+        "s04_gpu_all_efas_on_root" => allocate::gpu_all_efas_on_root(tb, &ns).await,
+        "s05_neuron_groups" => allocate::neuron_groups(tb, &ns).await,
+        "s06_unsatisfiable_on_trn1" => allocate::unsatisfiable_on_trn1(tb, &ns).await,
+        "s07_shared_claim" => lifecycle::shared_claim(tb, &ns).await,
+        "s08_lnc" => lifecycle::lnc(tb, &ns).await,
+        "s09_delete_unprepares" => lifecycle::delete_unprepares(tb, &ns).await,
+        "s10_driver_crash" => lifecycle::driver_crash(tb, &ns).await,
+        "s11_node_isolation" => publish::node_isolation(tb, &ns).await,
+        "s12_cel_selectors" => allocate::cel_selectors(tb, &ns).await,
+        other => Err(anyhow::anyhow!("no scenario named {other}")),
+    };
+    let cleanup = kit::delete_all_pods(tb, &ns, std::time::Duration::from_secs(120)).await;
+    kit::drop_namespace(tb, &ns).await;
+    match (result, cleanup) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Err(e)) => bail!("cleaning up {ns}: {e:#}"),
+        (Ok(()), Ok(())) => Ok(()),
     }
 }
 
@@ -105,8 +122,12 @@ mod tests {
     }
 
     #[test]
-    fn scenario_names_are_unique_and_dispatch() {
+    fn scenario_names_are_unique_and_make_namespace_names() {
         let set: std::collections::BTreeSet<&str> = SCENARIOS.iter().copied().collect();
         assert_eq!(set.len(), SCENARIOS.len());
+        assert_eq!(
+            namespace_of("s04_gpu_all_efas_on_root"),
+            "s04-gpu-all-efas-on-root"
+        );
     }
 }

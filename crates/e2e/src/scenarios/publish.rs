@@ -44,15 +44,25 @@ fn check_pool(node: &NodeInfo, kind: DriverKind, slices: &[ResourceSlice]) -> Re
         kind.expected_devices(&node.fixture)
     );
     for s in slices {
-        ensure!(s.spec.pool.name == node.name, "{what}: pool {}", s.spec.pool.name);
-        ensure!(s.spec.node_name.as_deref() == Some(node.name.as_str()), "{what}: nodeName");
+        ensure!(
+            s.spec.pool.name == node.name,
+            "{what}: pool {}",
+            s.spec.pool.name
+        );
+        ensure!(
+            s.spec.node_name.as_deref() == Some(node.name.as_str()),
+            "{what}: nodeName"
+        );
         let owner = s
             .metadata
             .owner_references
             .as_ref()
             .and_then(|o| o.first())
             .ok_or_else(|| anyhow!("{what}: slice without an owner reference"))?;
-        ensure!(owner.kind == "Node" && owner.name == node.name, "{what}: owner {owner:?}");
+        ensure!(
+            owner.kind == "Node" && owner.name == node.name,
+            "{what}: owner {owner:?}"
+        );
     }
     Ok(())
 }
@@ -65,24 +75,42 @@ async fn check_attributes(tb: &impl Testbed, node: &NodeInfo) -> Result<()> {
         for efa in &f.efas {
             let d = devs
                 .values()
-                .find(|d| attr_str(d, "resource.kubernetes.io/pciBusID").as_deref() == Some(efa.bdf.as_str()))
+                .find(|d| {
+                    attr_str(d, "resource.kubernetes.io/pciBusID").as_deref()
+                        == Some(efa.bdf.as_str())
+                })
                 .ok_or_else(|| anyhow!("{}: no EFA device with pciBusID {}", node.name, efa.bdf))?;
             let want_root = Some(efa.pcie_root.clone());
-            ensure!(attr_str(d, "resource.kubernetes.io/pcieRoot") == want_root, "{}: {} pcieRoot", node.name, d.name);
+            ensure!(
+                attr_str(d, "resource.kubernetes.io/pcieRoot") == want_root,
+                "{}: {} pcieRoot",
+                node.name,
+                d.name
+            );
             ensure!(
                 attr_int(d, "resource.kubernetes.io/numaNode") == efa.numa_node.map(i64::from),
                 "{}: {} numaNode",
                 node.name,
                 d.name
             );
-            ensure!(attr_str(d, "rdmaDevice").as_deref() == Some(efa.ibdev.as_str()), "{}: {} rdmaDevice", node.name, d.name);
+            ensure!(
+                attr_str(d, "rdmaDevice").as_deref() == Some(efa.ibdev.as_str()),
+                "{}: {} rdmaDevice",
+                node.name,
+                d.name
+            );
             ensure!(
                 attr_str(d, "instanceType").as_deref() == Some(node.instance_type()),
                 "{}: {} instanceType",
                 node.name,
                 d.name
             );
-            for n in ["devicegroup1_id", "devicegroup4_id", "devicegroup8_id", "devicegroup16_id"] {
+            for n in [
+                "devicegroup1_id",
+                "devicegroup4_id",
+                "devicegroup8_id",
+                "devicegroup16_id",
+            ] {
                 if let Some(v) = attr_str(d, &format!("resource.aws.com/{n}")) {
                     efa_groups.entry(n).or_default().insert(v);
                 }
@@ -97,14 +125,27 @@ async fn check_attributes(tb: &impl Testbed, node: &NodeInfo) -> Result<()> {
             let d = devs
                 .get(&name)
                 .ok_or_else(|| anyhow!("{}: no Neuron device {name}", node.name))?;
-            ensure!(attr_int(d, "deviceId") == Some(i64::from(chip.index)), "{}: {name} deviceId", node.name);
-            ensure!(attr_int(d, "coreCount") == Some(i64::from(chip.core_count)), "{}: {name} coreCount", node.name);
+            ensure!(
+                attr_int(d, "deviceId") == Some(i64::from(chip.index)),
+                "{}: {name} deviceId",
+                node.name
+            );
+            ensure!(
+                attr_int(d, "coreCount") == Some(i64::from(chip.core_count)),
+                "{}: {name} coreCount",
+                node.name
+            );
             ensure!(
                 attr_str(d, "instanceType").as_deref() == Some(node.instance_type()),
                 "{}: {name} instanceType",
                 node.name
             );
-            for n in ["devicegroup1_id", "devicegroup4_id", "devicegroup8_id", "devicegroup16_id"] {
+            for n in [
+                "devicegroup1_id",
+                "devicegroup4_id",
+                "devicegroup8_id",
+                "devicegroup16_id",
+            ] {
                 let v = attr_str(d, &format!("resource.aws.com/{n}"))
                     .ok_or_else(|| anyhow!("{}: {name} has no resource.aws.com/{n}", node.name))?;
                 chip_groups.entry(n).or_default().insert(v);
@@ -122,7 +163,11 @@ async fn check_attributes(tb: &impl Testbed, node: &NodeInfo) -> Result<()> {
                 );
             }
             let g4 = chip_groups.get("devicegroup4_id").map_or(0, BTreeSet::len);
-            ensure!(g4 == f.neuron_chips.len() / 4, "{}: {g4} distinct devicegroup4_id values", node.name);
+            ensure!(
+                g4 == f.neuron_chips.len() / 4,
+                "{}: {g4} distinct devicegroup4_id values",
+                node.name
+            );
         }
     }
     if node.drivers.contains(&DriverKind::GpuTest) {
@@ -132,15 +177,22 @@ async fn check_attributes(tb: &impl Testbed, node: &NodeInfo) -> Result<()> {
             let d = devs
                 .get(&name)
                 .ok_or_else(|| anyhow!("{}: no GPU {name}", node.name))?;
-            ensure!(attr_str(d, "resource.kubernetes.io/pcieRoot").as_deref() == Some(gpu.pcie_root.as_str()), "{name} pcieRoot");
-            ensure!(attr_str(d, "resource.kubernetes.io/pciBusID").as_deref() == Some(gpu.bdf.as_str()), "{name} pciBusID");
+            ensure!(
+                attr_str(d, "resource.kubernetes.io/pcieRoot").as_deref()
+                    == Some(gpu.pcie_root.as_str()),
+                "{name} pcieRoot"
+            );
+            ensure!(
+                attr_str(d, "resource.kubernetes.io/pciBusID").as_deref() == Some(gpu.bdf.as_str()),
+                "{name} pciBusID"
+            );
         }
     }
     Ok(())
 }
 
 /// Scenario 1.
-pub async fn slices(tb: &impl Testbed) -> Result<()> {
+pub async fn slices(tb: &impl Testbed, _ns: &str) -> Result<()> {
     for node in tb.nodes() {
         for kind in &node.drivers {
             let s = kit::slices(tb, &node.name, *kind).await?;
@@ -160,15 +212,28 @@ pub async fn slices(tb: &impl Testbed) -> Result<()> {
     let old_uid = before[0].metadata.uid.clone();
     let api: Api<ResourceSlice> = Api::all(tb.client());
     api.delete(&victim, &DeleteParams::default()).await?;
-    kit::wait_for(tb, &format!("slice {victim} re-created"), Duration::from_secs(30), || async {
-        let now = kit::slices(tb, "p5", DriverKind::Efa).await?;
-        let back = now.iter().any(|s| s.metadata.uid != old_uid);
-        Ok((back && crate::local::pool_complete(&now) == Some(p5.fixture.efas.len())).then_some(()))
-    })
+    kit::wait_for(
+        tb,
+        &format!("slice {victim} re-created"),
+        Duration::from_secs(30),
+        || async {
+            let now = kit::slices(tb, "p5", DriverKind::Efa).await?;
+            let back = now.iter().any(|s| s.metadata.uid != old_uid);
+            Ok(
+                (back && crate::local::pool_complete(&now) == Some(p5.fixture.efas.len()))
+                    .then_some(()),
+            )
+        },
+    )
     .await?;
 
     // Restart without change writes nothing.
-    let restarts = [("p5", DriverKind::Efa), ("p5", DriverKind::GpuTest), ("trn2", DriverKind::Neuron), ("trn2", DriverKind::Efa)];
+    let restarts = [
+        ("p5", DriverKind::Efa),
+        ("p5", DriverKind::GpuTest),
+        ("trn2", DriverKind::Neuron),
+        ("trn2", DriverKind::Efa),
+    ];
     // Let the repair settle before taking the baseline.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let baseline = slice_versions(tb).await?;
@@ -186,7 +251,10 @@ pub async fn slices(tb: &impl Testbed) -> Result<()> {
             .map(|(k, _)| k)
             .chain(baseline.keys().filter(|k| !after.contains_key(*k)))
             .collect();
-        bail!("restarting the drivers rewrote slices {changed:?}; {}", tb.logs_hint());
+        bail!(
+            "restarting the drivers rewrote slices {changed:?}; {}",
+            tb.logs_hint()
+        );
     }
     Ok(())
 }
@@ -208,7 +276,7 @@ fn denied(result: Result<ResourceSlice, kube::Error>, want: &str, what: &str) ->
 }
 
 /// Scenario 11.
-pub async fn node_isolation(tb: &impl Testbed) -> Result<()> {
+pub async fn node_isolation(tb: &impl Testbed, _ns: &str) -> Result<()> {
     let kubeconfig = tb.driver_kubeconfig("p5", DriverKind::Efa)?;
     let driver = crate::client_from_kubeconfig(&kubeconfig).await?;
 
@@ -284,8 +352,16 @@ pub async fn node_isolation(tb: &impl Testbed) -> Result<()> {
         .context("p5's EFA driver changing its own slice (dry run) must be allowed")?;
 
     // Denied on trn2: create, change, delete.
-    denied(as_driver.create(&dry, &slice_for("trn2")?).await, want, "create a trn2 slice")?;
-    denied(as_driver.patch(&trn2_name, &dry_patch, &label).await, want, "change trn2's slice")?;
+    denied(
+        as_driver.create(&dry, &slice_for("trn2")?).await,
+        want,
+        "create a trn2 slice",
+    )?;
+    denied(
+        as_driver.patch(&trn2_name, &dry_patch, &label).await,
+        want,
+        "change trn2's slice",
+    )?;
     let del = as_driver
         .delete(
             &trn2_name,
@@ -297,12 +373,18 @@ pub async fn node_isolation(tb: &impl Testbed) -> Result<()> {
         .await;
     match del {
         Ok(_) => bail!("p5's EFA driver deleting trn2's slice {trn2_name} was allowed"),
-        Err(kube::Error::Api(e)) => ensure!(e.message.contains(want), "delete denial: {} {}", e.code, e.message),
+        Err(kube::Error::Api(e)) => ensure!(
+            e.message.contains(want),
+            "delete denial: {} {}",
+            e.code,
+            e.message
+        ),
         Err(e) => bail!("delete: {e}"),
     }
 
     // And a driver may not touch another driver's slices on its own node.
-    let trn2_efa = crate::client_from_kubeconfig(&tb.driver_kubeconfig("trn2", DriverKind::Efa)?).await?;
+    let trn2_efa =
+        crate::client_from_kubeconfig(&tb.driver_kubeconfig("trn2", DriverKind::Efa)?).await?;
     let neuron_slice = kit::slices(tb, "trn2", DriverKind::Neuron)
         .await?
         .into_iter()
@@ -311,7 +393,11 @@ pub async fn node_isolation(tb: &impl Testbed) -> Result<()> {
     let as_trn2_efa: Api<ResourceSlice> = Api::all(trn2_efa);
     denied(
         as_trn2_efa
-            .patch(neuron_slice.metadata.name.as_deref().unwrap_or_default(), &dry_patch, &label)
+            .patch(
+                neuron_slice.metadata.name.as_deref().unwrap_or_default(),
+                &dry_patch,
+                &label,
+            )
             .await,
         "may only modify ResourceSlices of driver efa.networking.k8s.aws",
         "trn2's EFA driver changing the Neuron slice",
