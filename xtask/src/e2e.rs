@@ -190,5 +190,12 @@ mod tests {
             );
         }
         assert!(Cli::try_parse_from(["x", "--cluster", "eks"]).is_err());
+        assert!(!Cli::try_parse_from(["x"]).unwrap().e2e.keep);
+        assert!(
+            Cli::try_parse_from(["x", "--cluster", "local", "--keep"])
+                .unwrap()
+                .e2e
+                .keep
+        );
     }
 }

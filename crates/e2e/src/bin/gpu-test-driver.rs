@@ -241,3 +241,77 @@ fn main() -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_match_the_fixture_description() {
+        for instance in ["p5.48xlarge", "p4d.24xlarge", "trn2.48xlarge"] {
+            let dir = tempfile::tempdir().unwrap();
+            let fixture = sysfs_fixtures::generate(instance, dir.path()).unwrap();
+            let gpus = discover(&SysfsRoot::new(&fixture.sys)).unwrap();
+            assert_eq!(gpus.len(), fixture.gpus.len(), "{instance}");
+            for (gpu, want) in gpus.iter().zip(&fixture.gpus) {
+                assert_eq!(gpu.index, want.index, "{instance}");
+                let d = gpu.device();
+                let attrs = d.attributes.unwrap();
+                let s = |k: &str| attrs[k].string.clone().unwrap();
+                assert_eq!(d.name, format!("gpu-{}", want.index));
+                assert_eq!(s("resource.kubernetes.io/pcieRoot"), want.pcie_root);
+                assert_eq!(s("resource.kubernetes.io/pciBusID"), want.bdf);
+                assert_eq!(
+                    attrs
+                        .get("resource.kubernetes.io/numaNode")
+                        .and_then(|a| a.int),
+                    want.numa_node.map(i64::from)
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn prepare_gives_the_gpu_node_nvidiactl_and_the_claim_wide_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
+        let gpus = discover(&SysfsRoot::new(&fixture.sys)).unwrap();
+        let driver = GpuTestDriver {
+            dev_root: fixture.dev.clone(),
+            gpus: gpus.into_iter().map(|g| (g.name(), g)).collect(),
+        };
+        let claim = ClaimRef {
+            namespace: "n".into(),
+            name: "c".into(),
+            uid: "u".into(),
+        };
+        let alloc = |device: &str| AllocatedDevice::<GpuConfig> {
+            request: "gpu".into(),
+            pool: "p5".into(),
+            device: device.into(),
+            admin_access: false,
+            config: None,
+        };
+        let edits = driver
+            .prepare(&claim, &[alloc("gpu-1"), alloc("gpu-6")])
+            .await
+            .unwrap();
+        assert_eq!(edits.len(), 2);
+        let nodes: Vec<&str> = edits[1]
+            .edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(nodes, ["/dev/nvidia6", "/dev/nvidiactl"]);
+        assert_eq!(
+            edits[1].edits.device_nodes[0].host_path.as_deref(),
+            Some(fixture.dev.join("nvidia6").to_str().unwrap())
+        );
+        for e in &edits {
+            assert_eq!(e.edits.env["NVIDIA_VISIBLE_DEVICES"], "1,6");
+        }
+        let err = driver.prepare(&claim, &[alloc("gpu-9")]).await.unwrap_err();
+        assert!(err.message.contains("gpu-9"), "{err}");
+    }
+}
