@@ -107,7 +107,7 @@ async fn show(tb: &LocalTestbed) -> Result<()> {
         // In order: a later claim must not take what an earlier one needs.
         for p in objs.iter().filter(|o| o["kind"] == "Pod") {
             let name = p["metadata"]["name"].as_str().unwrap_or_default();
-            if let Err(e) = kit::running(tb, NAMESPACE, name, Duration::from_secs(180)).await {
+            if let Err(e) = kit::running(tb, NAMESPACE, name, Duration::from_secs(120)).await {
                 eprintln!("    {name} is not running: {e:#}");
             }
         }
