@@ -33,11 +33,12 @@ const NAMESPACE: &str = "demo";
 /// for the named template). Chosen to fit together: 16 chips and 16 EFAs on
 /// trn2, 8 GPUs and 32 EFAs on p5.
 const EXAMPLES: &[(&str, Option<&str>)] = &[
-    ("gpu-efa/gpu-efa-same-pcie-root.yaml", None),
+    // First: it names root pci0000:44, whose GPU another claim could take.
     (
         "gpu-efa/gpu-all-efas-on-root.yaml",
         Some("gpu-all-efas-on-root"),
     ),
+    ("gpu-efa/gpu-efa-same-pcie-root.yaml", None),
     (
         "gpu-efa/gpu-efas-on-root-count.yaml",
         Some("gpu-4-efas-same-root"),
