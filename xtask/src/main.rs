@@ -3,6 +3,7 @@
 
 mod charts;
 mod ci;
+mod demo;
 mod e2e;
 #[cfg(test)]
 mod examples;
@@ -34,6 +35,8 @@ enum Task {
     Charts(charts::ChartsArgs),
     /// End-to-end suite: `--cluster kind` (Docker) or `--cluster local`.
     E2e(e2e::E2eArgs),
+    /// Start the drivers on a local cluster, apply the examples, print the allocations.
+    Demo(demo::DemoArgs),
     /// Write a generated sysfs + dev tree of an instance type (or --list the types).
     Fixtures(fixtures::FixturesArgs),
     /// Print the GPU / Neuron / EFA affinity matrix of an instance type or a sysfs tree.
@@ -47,6 +50,7 @@ fn main() -> anyhow::Result<()> {
         Task::Ci(args) => ci::run(args),
         Task::Charts(args) => charts::run(args),
         Task::E2e(args) => e2e::run(args),
+        Task::Demo(args) => demo::run(args),
         Task::Fixtures(args) => fixtures::run(args),
         Task::Topology(args) => topology::run(args),
         Task::K8s(args) => k8s::run(args),

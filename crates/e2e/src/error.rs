@@ -81,6 +81,14 @@ pub enum Error {
     BadNodeName(String),
     #[error("host setup: {0}")]
     Host(String),
+    #[error("manifest {what}: {message}")]
+    Manifest { what: String, message: String },
+    #[error("fixture: {0}")]
+    Fixture(#[from] sysfs_fixtures::FixtureError),
+    #[error("helm {args}: {message}")]
+    Helm { args: String, message: String },
+    #[error("{0}")]
+    Testbed(String),
 }
 
 fn tail_suffix(tail: &str) -> String {

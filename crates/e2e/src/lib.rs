@@ -7,17 +7,27 @@
 //! ports, cgroup root, node certificate). Every process runs in its own process
 //! group and is killed by pid on drop, on panic and on Ctrl-C/SIGTERM.
 //!
+//! On top of it, [`local::LocalTestbed`] runs the drivers on fixture nodes
+//! with the charts' RBAC and admission policy, and [`scenarios`] holds the
+//! end-to-end scenarios, written against the small [`testbed::Testbed`]
+//! seam so that another bring-up (kind) can reuse them.
+//!
 //! Limits: root is required (kubelet and containerd manage cgroups and
 //! mounts); pods should use `hostNetwork: true` (no CNI network is set up) and
 //! `imagePullPolicy: Never` with [`PAUSE_IMAGE`]/[`PROBE_IMAGE`] (no registry).
 
 mod cgroups;
+pub mod charts;
 pub mod cluster;
 pub mod error;
 pub mod image;
+pub mod local;
+pub mod manifests;
 mod node;
 pub mod pki;
 pub mod process;
+pub mod scenarios;
+pub mod testbed;
 pub mod toolchain;
 
 pub use cluster::{
@@ -25,5 +35,7 @@ pub use cluster::{
     client_from_kubeconfig,
 };
 pub use error::{Error, Result};
+pub use local::{LocalOptions, LocalTestbed};
 pub use node::LocalNode;
+pub use testbed::{DriverKind, Figures, NodeInfo, Testbed};
 pub use toolchain::{Binaries, KubernetesVersion, PAUSE_IMAGE, PROBE_IMAGE};

@@ -1,0 +1,317 @@
+//! `gpu-test-driver`: a TEST COMPONENT standing in for NVIDIA's GPU DRA
+//! driver (`gpu.nvidia.com`) on fixture nodes. Never deploy it.
+//!
+//! NVIDIA's driver needs real GPUs, so the end-to-end suite runs this in its
+//! place on the `p5` node: it publishes one device per NVIDIA GPU of the
+//! sysfs tree with the attributes NVIDIA's driver publishes that claims pair
+//! on (`resource.kubernetes.io/pcieRoot`, `pciBusID`, `numaNode`, computed by
+//! `topology` exactly as our drivers compute them), plus `index`, `minor`,
+//! `uuid`, `type` and `productName`, and prepares a GPU by handing the
+//! container `/dev/nvidiaN` and `/dev/nvidiactl` from `--dev-root` and
+//! `NVIDIA_VISIBLE_DEVICES`. Everything else (kubelet plugin, checkpoint,
+//! CDI, publishing) is `dra-core`, as in the real drivers.
+//!
+//! Limits: GPUs are numbered in PCI address order (what the fixtures do; the
+//! real driver asks the kernel module); no health, no sharing, no MIG.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use dra_core::cli::{DriverCli, DriverCommand, init_logging, render_list};
+use dra_core::publish::desired_slices;
+use dra_core::runtime::{self, RuntimeOptions};
+use dra_core::{
+    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverConfig,
+    DriverError, PreparedDevice,
+};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use topology::{DeviceKind, PciDevice, SysfsRoot, classify};
+
+const DRIVER_NAME: &str = "gpu.nvidia.com";
+
+/// NVIDIA's driver takes a `GpuConfig`; this stand-in accepts the kind with
+/// no fields, so a claim with a config for it fails as strictly as ours.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GpuConfig {}
+
+impl DriverConfig for GpuConfig {
+    const API_VERSIONS: &'static [&'static str] = &["resource.nvidia.com/v1beta1"];
+    const KIND: &'static str = "GpuConfig";
+}
+
+/// One GPU as found in sysfs.
+#[derive(Debug, Clone)]
+struct Gpu {
+    index: u32,
+    pci: PciDevice,
+}
+
+impl Gpu {
+    fn name(&self) -> String {
+        format!("gpu-{}", self.index)
+    }
+
+    fn device(&self) -> Device {
+        let mut attrs: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
+        let string = |s: String| DeviceAttribute {
+            string: Some(s),
+            ..Default::default()
+        };
+        let int = |i: i64| DeviceAttribute {
+            int: Some(i),
+            ..Default::default()
+        };
+        attrs.insert("type".into(), string("gpu".into()));
+        attrs.insert("index".into(), int(i64::from(self.index)));
+        attrs.insert("minor".into(), int(i64::from(self.index)));
+        attrs.insert(
+            "uuid".into(),
+            string(format!(
+                "GPU-e2e-{}",
+                self.pci.address.to_string().replace([':', '.'], "-")
+            )),
+        );
+        attrs.insert("productName".into(), string(product_name(self.pci.device)));
+        attrs.insert(
+            "resource.kubernetes.io/pcieRoot".into(),
+            string(self.pci.pcie_root.to_string()),
+        );
+        attrs.insert(
+            "resource.kubernetes.io/pciBusID".into(),
+            string(self.pci.address.to_string()),
+        );
+        if let Some(numa) = self.pci.numa_node {
+            attrs.insert(
+                "resource.kubernetes.io/numaNode".into(),
+                int(i64::from(numa)),
+            );
+        }
+        Device {
+            name: self.name(),
+            attributes: Some(attrs),
+            capacity: Some(BTreeMap::from([(
+                "memory".to_string(),
+                DeviceCapacity {
+                    value: Quantity("80Gi".into()),
+                    ..Default::default()
+                },
+            )])),
+            ..Default::default()
+        }
+    }
+}
+
+fn product_name(device_id: u16) -> String {
+    match device_id {
+        0x2330 => "NVIDIA H100 80GB HBM3".into(),
+        0x2335 => "NVIDIA H200".into(),
+        0x20b0 | 0x20b2 => "NVIDIA A100-SXM4-40GB".into(),
+        other => format!("NVIDIA GPU {other:04x}"),
+    }
+}
+
+/// Every NVIDIA GPU of the tree, numbered in PCI address order.
+fn discover(sysfs: &SysfsRoot) -> anyhow::Result<Vec<Gpu>> {
+    let scan = topology::scan(sysfs)
+        .with_context(|| format!("scanning PCI devices under {}", sysfs.path().display()))?;
+    for e in &scan.errors {
+        tracing::warn!(entry = %e.entry, error = %e.error, "unreadable PCI function skipped");
+    }
+    let mut gpus: Vec<PciDevice> = scan
+        .devices
+        .into_iter()
+        .filter(|d| classify(d) == DeviceKind::NvidiaGpu)
+        .collect();
+    gpus.sort_by_key(|d| d.address);
+    Ok(gpus
+        .into_iter()
+        .zip(0u32..)
+        .map(|(pci, index)| Gpu { index, pci })
+        .collect())
+}
+
+struct GpuTestDriver {
+    dev_root: PathBuf,
+    gpus: BTreeMap<String, Gpu>,
+}
+
+impl GpuTestDriver {
+    fn node(&self, name: &str) -> DeviceNode {
+        let path = format!("/dev/{name}");
+        let host = self.dev_root.join(name);
+        DeviceNode {
+            host_path: (host != Path::new(&path)).then(|| host.display().to_string()),
+            path,
+        }
+    }
+}
+
+impl Driver for GpuTestDriver {
+    type Config = GpuConfig;
+
+    async fn prepare(
+        &self,
+        _claim: &ClaimRef,
+        devices: &[AllocatedDevice<GpuConfig>],
+    ) -> Result<Vec<DeviceEdits>, DriverError> {
+        let mut indices = Vec::new();
+        let mut out = Vec::new();
+        for d in devices {
+            let gpu = self
+                .gpus
+                .get(&d.device)
+                .ok_or_else(|| DriverError::new(format!("no GPU named {}", d.device)))?;
+            indices.push(gpu.index.to_string());
+            out.push(DeviceEdits {
+                device: d.device.clone(),
+                edits: ContainerEdits {
+                    device_nodes: vec![
+                        self.node(&format!("nvidia{}", gpu.index)),
+                        self.node("nvidiactl"),
+                    ],
+                    env: BTreeMap::new(),
+                },
+            });
+        }
+        // CDI edits are per device and merged by the runtime: every device
+        // of the claim carries the claim-wide list.
+        let visible = indices.join(",");
+        for e in &mut out {
+            e.edits
+                .env
+                .insert("NVIDIA_VISIBLE_DEVICES".into(), visible.clone());
+        }
+        Ok(out)
+    }
+
+    async fn unprepare(
+        &self,
+        _claim: &ClaimRef,
+        _devices: &[PreparedDevice],
+    ) -> Result<(), DriverError> {
+        Ok(())
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = DriverCli::parse_for("gpu-test-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME);
+    match cli.command {
+        DriverCommand::Discover(d) => {
+            init_logging(d.common.log_format, d.common.log_filter())?;
+            let gpus = discover(&SysfsRoot::new(&d.common.sysfs_root))?;
+            let devices: Vec<Device> = gpus.iter().map(Gpu::device).collect();
+            let slices = desired_slices(&d.common.driver_name, &d.common.node_name, None, &devices);
+            print!("{}", render_list(&slices, d.discover.output)?);
+            Ok(())
+        }
+        DriverCommand::Run(r) => {
+            init_logging(r.common.log_format, r.common.log_filter())?;
+            let gpus = discover(&SysfsRoot::new(&r.common.sysfs_root))?;
+            tracing::info!(
+                gpus = gpus.len(),
+                "gpu-test-driver (a TEST stand-in for gpu.nvidia.com) starting"
+            );
+            let devices: Vec<Device> = gpus.iter().map(Gpu::device).collect();
+            // The device set of a fixture never changes: the sender only has
+            // to outlive the runtime.
+            let (tx, rx) = tokio::sync::watch::channel(devices);
+            let driver = GpuTestDriver {
+                dev_root: r.common.dev_root.clone(),
+                gpus: gpus.into_iter().map(|g| (g.name(), g)).collect(),
+            };
+            let options = RuntimeOptions {
+                common: r.common,
+                run: r.run,
+                device_plugin_resources: &["nvidia.com/gpu"],
+                metrics: prometheus::Registry::new(),
+            };
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let result = runtime::run(driver, rx, options).await;
+                drop(tx);
+                result
+            })?;
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_match_the_fixture_description() {
+        for instance in ["p5.48xlarge", "p4d.24xlarge", "trn2.48xlarge"] {
+            let dir = tempfile::tempdir().unwrap();
+            let fixture = sysfs_fixtures::generate(instance, dir.path()).unwrap();
+            let gpus = discover(&SysfsRoot::new(&fixture.sys)).unwrap();
+            assert_eq!(gpus.len(), fixture.gpus.len(), "{instance}");
+            for (gpu, want) in gpus.iter().zip(&fixture.gpus) {
+                assert_eq!(gpu.index, want.index, "{instance}");
+                let d = gpu.device();
+                let attrs = d.attributes.unwrap();
+                let s = |k: &str| attrs[k].string.clone().unwrap();
+                assert_eq!(d.name, format!("gpu-{}", want.index));
+                assert_eq!(s("resource.kubernetes.io/pcieRoot"), want.pcie_root);
+                assert_eq!(s("resource.kubernetes.io/pciBusID"), want.bdf);
+                assert_eq!(
+                    attrs
+                        .get("resource.kubernetes.io/numaNode")
+                        .and_then(|a| a.int),
+                    want.numa_node.map(i64::from)
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn prepare_gives_the_gpu_node_nvidiactl_and_the_claim_wide_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
+        let gpus = discover(&SysfsRoot::new(&fixture.sys)).unwrap();
+        let driver = GpuTestDriver {
+            dev_root: fixture.dev.clone(),
+            gpus: gpus.into_iter().map(|g| (g.name(), g)).collect(),
+        };
+        let claim = ClaimRef {
+            namespace: "n".into(),
+            name: "c".into(),
+            uid: "u".into(),
+        };
+        let alloc = |device: &str| AllocatedDevice::<GpuConfig> {
+            request: "gpu".into(),
+            pool: "p5".into(),
+            device: device.into(),
+            admin_access: false,
+            config: None,
+        };
+        let edits = driver
+            .prepare(&claim, &[alloc("gpu-1"), alloc("gpu-6")])
+            .await
+            .unwrap();
+        assert_eq!(edits.len(), 2);
+        let nodes: Vec<&str> = edits[1]
+            .edits
+            .device_nodes
+            .iter()
+            .map(|n| n.path.as_str())
+            .collect();
+        assert_eq!(nodes, ["/dev/nvidia6", "/dev/nvidiactl"]);
+        assert_eq!(
+            edits[1].edits.device_nodes[0].host_path.as_deref(),
+            Some(fixture.dev.join("nvidia6").to_str().unwrap())
+        );
+        for e in &edits {
+            assert_eq!(e.edits.env["NVIDIA_VISIBLE_DEVICES"], "1,6");
+        }
+        let err = driver.prepare(&claim, &[alloc("gpu-9")]).await.unwrap_err();
+        assert!(err.message.contains("gpu-9"), "{err}");
+    }
+}

@@ -1,0 +1,762 @@
+//! [`LocalTestbed`]: the drivers on a [`LocalCluster`], set up as the charts
+//! would set them up, and the [`Testbed`] operations on it.
+//!
+//! Bring-up: the cluster (nodes labelled with their instance type, as EKS
+//! labels them); namespace `aws-dra`; the DeviceClasses, ServiceAccounts,
+//! RBAC and ValidatingAdmissionPolicies from the rendered charts, applied
+//! server-side; the test GPU driver's class and RBAC
+//! (`manifests/gpu-test-driver.yaml`); a fixture tree per node
+//! (`<run>/nodes/<node>/fixture`); then per node and driver a placeholder pod
+//! pinned to the node under the driver's ServiceAccount, a token bound to
+//! that pod (so it carries `authentication.kubernetes.io/node-name`, which
+//! the charts' admission policy checks), and the driver as a host process
+//! with that token, the node's kubelet dirs, the fixture, and its own
+//! metrics port.
+//!
+//! Driver binaries are looked up in `AWS_DRA_BIN_DIR`, else next to the
+//! running executable (`target/<profile>/`, also from `deps/`).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use serde_json::{Value, json};
+use sysfs_fixtures::Fixture;
+
+use crate::charts::{self, Helm};
+use crate::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
+use crate::error::{Error, Result, io};
+use crate::manifests;
+use crate::testbed::{DriverKind, NodeInfo, Testbed};
+use crate::toolchain::{PAUSE_IMAGE, PROBE_IMAGE, repo_root};
+
+/// The test GPU driver's DeviceClass, ServiceAccount and RBAC.
+pub const GPU_TEST_MANIFEST: &str = include_str!("../manifests/gpu-test-driver.yaml");
+
+/// How long a driver may take from start to a complete pool in the API.
+const SLICES_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// `(node, instance type, drivers)`.
+    pub nodes: Vec<(String, String, Vec<DriverKind>)>,
+    /// Leave kubelet/containerd state on teardown.
+    pub keep_state_dir: bool,
+    /// Where the driver binaries are; `None`: [`driver_bin_dir`]'s lookup.
+    pub bin_dir: Option<PathBuf>,
+}
+
+impl Default for LocalOptions {
+    /// `p5` (p5.48xlarge: EFA + test GPU driver) and `trn2` (trn2.48xlarge: EFA + Neuron).
+    fn default() -> Self {
+        Self {
+            nodes: vec![
+                (
+                    "p5".into(),
+                    "p5.48xlarge".into(),
+                    vec![DriverKind::Efa, DriverKind::GpuTest],
+                ),
+                (
+                    "trn2".into(),
+                    "trn2.48xlarge".into(),
+                    vec![DriverKind::Efa, DriverKind::Neuron],
+                ),
+            ],
+            keep_state_dir: false,
+            bin_dir: None,
+        }
+    }
+}
+
+/// The drivers on the nodes, with their metrics ports and credentials.
+struct DriverSlot {
+    kubeconfig: PathBuf,
+    metrics_port: u16,
+    process: Option<HostProcess>,
+}
+
+struct NodeState {
+    info: NodeInfo,
+    cdi_dir: PathBuf,
+    plugins_dir: PathBuf,
+    drivers: BTreeMap<DriverKind, DriverSlot>,
+}
+
+/// A local cluster with the drivers running on fixture nodes.
+pub struct LocalTestbed {
+    cluster: tokio::sync::Mutex<LocalCluster>,
+    client: kube::Client,
+    run_dir: PathBuf,
+    admin_kubeconfig: PathBuf,
+    bin_dir: PathBuf,
+    nodes: Mutex<Vec<NodeState>>,
+    /// Start → complete pool, per `(node, driver)`, for the figures.
+    start_times: Mutex<Vec<(String, DriverKind, Duration)>>,
+}
+
+/// Finds the directory holding the executables of `kinds`.
+pub fn driver_bin_dir(kinds: &[DriverKind]) -> Result<PathBuf> {
+    let missing = |dir: &Path| Error::MissingBinary {
+        what: "driver binaries (cargo build -p efa-driver -p neuron-driver -p e2e --bins)".into(),
+        path: dir.to_path_buf(),
+    };
+    let has_all = |dir: &Path| kinds.iter().all(|k| dir.join(k.binary()).is_file());
+    if let Some(dir) = std::env::var_os("AWS_DRA_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return if has_all(&dir) {
+            Ok(dir)
+        } else {
+            Err(missing(&dir))
+        };
+    }
+    let exe = std::env::current_exe().map_err(io("locating", "the running executable"))?;
+    let mut candidates = Vec::new();
+    if let Some(dir) = exe.parent() {
+        candidates.push(dir.to_path_buf());
+        if let Some(up) = dir.parent() {
+            candidates.push(up.to_path_buf());
+        }
+    }
+    candidates
+        .iter()
+        .find(|d| has_all(d))
+        .cloned()
+        .ok_or_else(|| missing(candidates.first().map_or(Path::new("."), |p| p)))
+}
+
+fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| Error::NoFreePort {
+        addr: std::net::IpAddr::from([127, 0, 0, 1]),
+        source,
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| Error::NoFreePort {
+            addr: std::net::IpAddr::from([127, 0, 0, 1]),
+            source,
+        })
+}
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// A plain HTTP/1.0 GET on loopback; the body on a 200.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let fail = |m: String| Error::Testbed(format!("GET http://{addr}{path}: {m}"));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| fail(e.to_string()))?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
+        .map_err(|e| fail(e.to_string()))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| fail(e.to_string()))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| fail("no header end".into()))?;
+    if !(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200")) {
+        return Err(fail(head.lines().next().unwrap_or_default().to_string()));
+    }
+    Ok(body.to_string())
+}
+
+/// VmRSS of `pid` in KiB.
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+impl LocalTestbed {
+    /// Starts everything described in the module docs. Needs root, the
+    /// Kubernetes binaries (`cargo xtask k8s build`), helm and the drivers.
+    pub async fn start(options: LocalOptions) -> Result<LocalTestbed> {
+        let started = Instant::now();
+        let mut kinds: Vec<DriverKind> = options.nodes.iter().flat_map(|n| n.2.clone()).collect();
+        kinds.sort();
+        kinds.dedup();
+        let bin_dir = match &options.bin_dir {
+            Some(dir) => dir.clone(),
+            None => driver_bin_dir(&kinds)?,
+        };
+        let helm = Helm::locate()?;
+        let mut config = ClusterConfig::with_nodes(&[]);
+        config.keep_state_dir = options.keep_state_dir;
+        config.nodes = options
+            .nodes
+            .iter()
+            .map(|(n, t, _)| NodeSpec::new(n).label("node.kubernetes.io/instance-type", t))
+            .collect();
+        let cluster = LocalCluster::start(config).await?;
+        let client = cluster.client()?;
+        let testbed = LocalTestbed {
+            client: client.clone(),
+            run_dir: cluster.run_dir().to_path_buf(),
+            admin_kubeconfig: cluster.admin_kubeconfig().to_path_buf(),
+            cluster: tokio::sync::Mutex::new(cluster),
+            bin_dir,
+            nodes: Mutex::new(Vec::new()),
+            start_times: Mutex::new(Vec::new()),
+        };
+        testbed.install_cluster_objects(&helm).await?;
+        for (name, instance_type, drivers) in &options.nodes {
+            testbed.setup_node(name, instance_type, drivers).await?;
+        }
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "testbed up"
+        );
+        Ok(testbed)
+    }
+
+    /// The admin kubeconfig (for `kubectl`, printed by `cargo xtask demo`).
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// Start → complete pool of the first start of each driver.
+    pub fn start_times(&self) -> Vec<(String, DriverKind, Duration)> {
+        self.start_times
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    /// Stops everything and reports leftovers.
+    pub fn shutdown(self) -> TeardownReport {
+        self.cluster.into_inner().shutdown()
+    }
+
+    async fn install_cluster_objects(&self, helm: &Helm) -> Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": charts::NAMESPACE},
+        }))
+        .map_err(|source| Error::Json {
+            what: "namespace".into(),
+            source,
+        })?;
+        match namespaces.create(&PostParams::default(), &ns).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(kube_err("creating namespace aws-dra")(e)),
+        }
+        let mut objects = Vec::new();
+        for chart in [charts::EFA_CHART, charts::NEURON_CHART] {
+            objects.extend(charts::applied_objects(&helm.render(chart)?));
+        }
+        objects.extend(manifests::parse("gpu-test-driver.yaml", GPU_TEST_MANIFEST)?);
+        for obj in &objects {
+            manifests::apply(&self.client, obj, None).await?;
+            tracing::info!(object = %manifests::id(obj), "applied");
+        }
+        // Token requests need the ServiceAccounts; they exist once applied.
+        Ok(())
+    }
+
+    async fn setup_node(
+        &self,
+        name: &str,
+        instance_type: &str,
+        drivers: &[DriverKind],
+    ) -> Result<()> {
+        let (local, node_run_dir) = {
+            let cluster = self.cluster.lock().await;
+            let node = cluster
+                .node(name)
+                .ok_or_else(|| Error::Testbed(format!("no node {name} in the cluster")))?;
+            (node.clone(), node.run_dir.clone())
+        };
+        let fixture_dir = node_run_dir.join("fixture");
+        if fixture_dir.exists() {
+            std::fs::remove_dir_all(&fixture_dir).map_err(io("removing", &fixture_dir))?;
+        }
+        let fixture: Fixture = sysfs_fixtures::generate(instance_type, &fixture_dir)?;
+        let mut slots = BTreeMap::new();
+        for kind in drivers {
+            let kubeconfig = self.bound_token_kubeconfig(name, *kind).await?;
+            slots.insert(
+                *kind,
+                DriverSlot {
+                    kubeconfig,
+                    metrics_port: free_port()?,
+                    process: None,
+                },
+            );
+        }
+        {
+            let mut nodes = self.lock_nodes()?;
+            nodes.push(NodeState {
+                info: NodeInfo {
+                    name: name.to_string(),
+                    fixture,
+                    drivers: drivers.to_vec(),
+                },
+                cdi_dir: local.cdi_dir.clone(),
+                plugins_dir: local.plugins_dir.clone(),
+                drivers: slots,
+            });
+        }
+        for kind in drivers {
+            self.start_driver(name, *kind).await?;
+        }
+        Ok(())
+    }
+
+    /// Placeholder pod on `node` under the driver's ServiceAccount, and a
+    /// kubeconfig with a token bound to it.
+    async fn bound_token_kubeconfig(&self, node: &str, kind: DriverKind) -> Result<PathBuf> {
+        let (namespace, sa) = kind.service_account();
+        let pod_name = format!("{}-{node}", kind.binary());
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "labels": {"aws-dra.dev/e2e": "driver-identity", "aws-dra.dev/driver": kind.binary()},
+            },
+            "spec": {
+                // Pinned like a DaemonSet pod: the token's node-name extra
+                // comes from this field.
+                "nodeName": node,
+                "serviceAccountName": sa,
+                "automountServiceAccountToken": false,
+                "hostNetwork": true,
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{
+                    "name": "identity",
+                    "image": PAUSE_IMAGE,
+                    "imagePullPolicy": "Never",
+                }],
+            },
+        }))
+        .map_err(|source| Error::Json {
+            what: "placeholder pod".into(),
+            source,
+        })?;
+        let created = pods
+            .create(&PostParams::default(), &pod)
+            .await
+            .map_err(kube_err(format!("creating pod {namespace}/{pod_name}")))?;
+        let uid = created
+            .metadata
+            .uid
+            .ok_or_else(|| Error::Testbed(format!("pod {pod_name} has no uid")))?;
+        let request: TokenRequest = serde_json::from_value(json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {
+                "audiences": [],
+                "expirationSeconds": 86400,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": uid},
+            },
+        }))
+        .map_err(|source| Error::Json {
+            what: "token request".into(),
+            source,
+        })?;
+        let body = request;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &namespace);
+        let issued: TokenRequest = sas
+            .create_subresource("token", &sa, &PostParams::default(), &body)
+            .await
+            .map_err(kube_err(format!("requesting a token for {namespace}/{sa}")))?;
+        let token = issued
+            .status
+            .map(|s| s.token)
+            .ok_or_else(|| Error::Testbed(format!("token request for {sa} has no status")))?;
+        let cluster = self.cluster.lock().await;
+        cluster.kubeconfig_for_token(
+            &format!("{}-{node}", kind.binary()),
+            &format!("system:serviceaccount:{namespace}:{sa}"),
+            &token,
+        )
+    }
+
+    fn lock_nodes(&self) -> Result<std::sync::MutexGuard<'_, Vec<NodeState>>> {
+        self.nodes
+            .lock()
+            .map_err(|_| Error::Testbed("testbed state poisoned".into()))
+    }
+
+    fn with_slot<T>(
+        &self,
+        node: &str,
+        kind: DriverKind,
+        f: impl FnOnce(&NodeState, &DriverSlot) -> T,
+    ) -> Result<T> {
+        let nodes = self.lock_nodes()?;
+        let n = nodes
+            .iter()
+            .find(|n| n.info.name == node)
+            .ok_or_else(|| Error::Testbed(format!("no node {node}")))?;
+        let slot = n
+            .drivers
+            .get(&kind)
+            .ok_or_else(|| Error::Testbed(format!("{} does not run on {node}", kind.binary())))?;
+        Ok(f(n, slot))
+    }
+
+    fn driver_log(&self, node: &str, kind: DriverKind) -> PathBuf {
+        self.run_dir
+            .join("nodes")
+            .join(node)
+            .join(format!("{}.log", kind.binary()))
+    }
+
+    /// Waits until the driver's pool on `node` is complete: every slice of
+    /// the newest generation present and `expected` devices in them.
+    async fn wait_for_pool(&self, node: &str, kind: DriverKind, expected: usize) -> Result<()> {
+        let slices: Api<ResourceSlice> = Api::all(self.client.clone());
+        let lp = ListParams::default().fields(&format!(
+            "spec.nodeName={node},spec.driver={}",
+            kind.driver_name()
+        ));
+        let started = Instant::now();
+        loop {
+            if let Ok(list) = slices.list(&lp).await
+                && pool_complete(&list.items) == Some(expected)
+            {
+                return Ok(());
+            }
+            if !self.driver_running(node, kind) {
+                return Err(Error::Testbed(format!(
+                    "{} on {node} exited before publishing; log: {}",
+                    kind.binary(),
+                    self.driver_log(node, kind).display()
+                )));
+            }
+            if started.elapsed() > SLICES_TIMEOUT {
+                return Err(Error::Timeout {
+                    what: format!(
+                        "{expected} {} devices of node {node} in ResourceSlices (driver log {})",
+                        kind.driver_name(),
+                        self.driver_log(node, kind).display()
+                    ),
+                    after: SLICES_TIMEOUT,
+                    logs: self.run_dir.clone(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Devices in a pool when all `resourceSliceCount` slices of its newest
+/// generation are present; `None` while incomplete.
+pub fn pool_complete(slices: &[ResourceSlice]) -> Option<usize> {
+    let newest = slices.iter().map(|s| s.spec.pool.generation).max()?;
+    let current: Vec<&ResourceSlice> = slices
+        .iter()
+        .filter(|s| s.spec.pool.generation == newest)
+        .collect();
+    let want = current.first()?.spec.pool.resource_slice_count;
+    (current.len() as i64 == want).then(|| {
+        current
+            .iter()
+            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+            .sum()
+    })
+}
+
+impl Testbed for LocalTestbed {
+    fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    fn nodes(&self) -> Vec<NodeInfo> {
+        self.nodes
+            .lock()
+            .map(|n| n.iter().map(|n| n.info.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    async fn ensure_node(
+        &self,
+        name: &str,
+        instance_type: &str,
+        drivers: &[DriverKind],
+    ) -> Result<()> {
+        if self.nodes().iter().any(|n| n.name == name) {
+            return Ok(());
+        }
+        {
+            let mut cluster = self.cluster.lock().await;
+            cluster
+                .add_node_now(
+                    &NodeSpec::new(name).label("node.kubernetes.io/instance-type", instance_type),
+                )
+                .await?;
+        }
+        self.setup_node(name, instance_type, drivers).await
+    }
+
+    async fn start_driver(&self, node: &str, kind: DriverKind) -> Result<Duration> {
+        if self.driver_running(node, kind) {
+            return Err(Error::Testbed(format!(
+                "{} already runs on {node}",
+                kind.binary()
+            )));
+        }
+        let (sys, dev, kubeconfig, port, expected) = self.with_slot(node, kind, |n, s| {
+            (
+                n.info.fixture.sys.clone(),
+                n.info.fixture.dev.clone(),
+                s.kubeconfig.clone(),
+                s.metrics_port,
+                kind.expected_devices(&n.info.fixture),
+            )
+        })?;
+        let mut cmd = Command::new(self.bin_dir.join(kind.binary()));
+        cmd.arg("run")
+            .arg("--sysfs-root")
+            .arg(&sys)
+            .arg("--dev-root")
+            .arg(&dev)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("METRICS_ADDRESS", format!("127.0.0.1:{port}"))
+            .env("LOG_FORMAT", "text")
+            .env("LOG_LEVEL", "info,dra_core=debug")
+            // Plain text in the log files.
+            .env("NO_COLOR", "1")
+            .env_remove("POD_UID");
+        let started = Instant::now();
+        let process = {
+            let cluster = self.cluster.lock().await;
+            cluster.spawn_host_process(node, kind.binary(), cmd)?
+        };
+        {
+            let mut nodes = self.lock_nodes()?;
+            if let Some(slot) = nodes
+                .iter_mut()
+                .find(|n| n.info.name == node)
+                .and_then(|n| n.drivers.get_mut(&kind))
+            {
+                slot.process = Some(process);
+            }
+        }
+        self.wait_for_pool(node, kind, expected).await?;
+        let elapsed = started.elapsed();
+        // The figure is the cold start; a restart finds its pool already there.
+        if let Ok(mut t) = self.start_times.lock()
+            && !t.iter().any(|(n, k, _)| n == node && *k == kind)
+        {
+            t.push((node.to_string(), kind, elapsed));
+        }
+        tracing::info!(
+            node,
+            driver = kind.binary(),
+            elapsed_ms = elapsed.as_millis() as u64,
+            "pool complete"
+        );
+        Ok(elapsed)
+    }
+
+    fn kill_driver(&self, node: &str, kind: DriverKind) -> Result<()> {
+        let p = self.with_slot(node, kind, |_, s| s.process.clone())?;
+        let p =
+            p.ok_or_else(|| Error::Testbed(format!("{} never started on {node}", kind.binary())))?;
+        p.kill();
+        Ok(())
+    }
+
+    async fn stop_driver(&self, node: &str, kind: DriverKind) -> Result<()> {
+        let p = self.with_slot(node, kind, |_, s| s.process.clone())?;
+        let p =
+            p.ok_or_else(|| Error::Testbed(format!("{} never started on {node}", kind.binary())))?;
+        tokio::task::spawn_blocking(move || p.terminate(Duration::from_secs(10)))
+            .await
+            .map_err(|e| Error::Testbed(format!("stopping {}: {e}", kind.binary())))?;
+        Ok(())
+    }
+
+    fn driver_running(&self, node: &str, kind: DriverKind) -> bool {
+        self.with_slot(node, kind, |_, s| {
+            s.process.as_ref().is_some_and(HostProcess::is_running)
+        })
+        .unwrap_or(false)
+    }
+
+    fn driver_kubeconfig(&self, node: &str, kind: DriverKind) -> Result<PathBuf> {
+        self.with_slot(node, kind, |_, s| s.kubeconfig.clone())
+    }
+
+    async fn driver_metrics(&self, node: &str, kind: DriverKind) -> Result<String> {
+        let port = self.with_slot(node, kind, |_, s| s.metrics_port)?;
+        tokio::task::spawn_blocking(move || {
+            http_get(SocketAddr::from(([127, 0, 0, 1], port)), "/metrics")
+        })
+        .await
+        .map_err(|e| Error::Testbed(format!("metrics task: {e}")))?
+    }
+
+    fn driver_rss_kib(&self, node: &str, kind: DriverKind) -> Option<u64> {
+        let pid = self
+            .with_slot(node, kind, |_, s| s.process.as_ref().map(HostProcess::pid))
+            .ok()??;
+        rss_kib(pid)
+    }
+
+    fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>> {
+        let dir = {
+            let nodes = self.lock_nodes()?;
+            nodes
+                .iter()
+                .find(|n| n.info.name == node)
+                .map(|n| n.cdi_dir.clone())
+                .ok_or_else(|| Error::Testbed(format!("no node {node}")))?
+        };
+        let mut names = Vec::new();
+        match std::fs::read_dir(&dir) {
+            Ok(entries) => {
+                for e in entries.flatten() {
+                    names.push(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("listing", &dir)(e)),
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    fn checkpoint(
+        &self,
+        node: &str,
+        kind: DriverKind,
+    ) -> Result<Option<dra_core::checkpoint::Checkpoint>> {
+        let path = self.with_slot(node, kind, |n, _| {
+            n.plugins_dir
+                .join(kind.driver_name())
+                .join("checkpoint.json")
+        })?;
+        match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|source| Error::Json {
+                    what: path.display().to_string(),
+                    source,
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("reading", &path)(e)),
+        }
+    }
+
+    fn adapt_pod(&self, pod: &mut Value) {
+        adapt_pod_for_local(pod);
+    }
+
+    fn logs_hint(&self) -> String {
+        format!(
+            "component logs in {} (drivers: nodes/<node>/<driver>.log, kubelet: nodes/<node>/kubelet.log)",
+            self.run_dir.display()
+        )
+    }
+}
+
+/// Makes an example pod runnable on the local cluster: the probe image
+/// (never pulled) instead of the example's, which prints what the container
+/// got; host network and a toleration for the NotReady taints (no CNI); a
+/// short grace period (the probe exits on SIGTERM).
+pub fn adapt_pod_for_local(pod: &mut Value) {
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    spec.insert("hostNetwork".into(), Value::Bool(true));
+    spec.insert("tolerations".into(), json!([{"operator": "Exists"}]));
+    spec.insert("terminationGracePeriodSeconds".into(), json!(1));
+    if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
+        for c in containers.iter_mut().filter_map(Value::as_object_mut) {
+            c.insert("image".into(), Value::String(PROBE_IMAGE.into()));
+            c.insert("imagePullPolicy".into(), Value::String("Never".into()));
+            c.remove("command");
+            c.remove("args");
+        }
+    }
+}
+
+/// The repository's `examples/` directory.
+pub fn examples_dir() -> PathBuf {
+    repo_root().join("examples")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adapted_pods_run_the_probe_on_the_host_network_and_keep_their_claims() {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+            "spec": {
+                "resourceClaims": [{"name": "efa", "resourceClaimTemplateName": "t"}],
+                "containers": [{
+                    "name": "app", "image": "busybox", "command": ["sh"], "args": ["-c", "x"],
+                    "resources": {"claims": [{"name": "efa"}]},
+                }],
+            },
+        });
+        adapt_pod_for_local(&mut pod);
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(c["image"], PROBE_IMAGE);
+        assert_eq!(c["imagePullPolicy"], "Never");
+        assert!(c.get("command").is_none() && c.get("args").is_none());
+        assert_eq!(c["resources"]["claims"][0]["name"], "efa");
+        assert_eq!(pod["spec"]["hostNetwork"], true);
+        assert_eq!(pod["spec"]["tolerations"][0]["operator"], "Exists");
+        assert_eq!(
+            pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+            "t"
+        );
+    }
+
+    fn slice(generation: i64, count: i64, devices: usize) -> ResourceSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": "s"},
+            "spec": {
+                "driver": "d", "nodeName": "n",
+                "pool": {"name": "n", "generation": generation, "resourceSliceCount": count},
+                "devices": (0..devices).map(|i| json!({"name": format!("d{i}")})).collect::<Vec<_>>(),
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pool_is_complete_only_with_every_slice_of_its_newest_generation() {
+        assert_eq!(pool_complete(&[]), None);
+        assert_eq!(pool_complete(&[slice(1, 1, 32)]), Some(32));
+        assert_eq!(pool_complete(&[slice(2, 2, 128)]), None);
+        assert_eq!(
+            pool_complete(&[slice(2, 2, 128), slice(2, 2, 2)]),
+            Some(130)
+        );
+        assert_eq!(pool_complete(&[slice(1, 1, 5), slice(2, 1, 6)]), Some(6));
+    }
+
+    #[test]
+    fn rss_of_this_process_is_known() {
+        assert!(rss_kib(std::process::id() as i32).unwrap() > 0);
+    }
+}

@@ -1,0 +1,473 @@
+//! Helpers the scenarios share: polling with timeouts, applying examples,
+//! reading pods, claims, slices, events and the probe's report.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::manifests;
+use crate::testbed::{DriverKind, Testbed};
+
+/// Polls `f` every 250 ms until it yields a value or `timeout` passes; the
+/// error names `what` and the testbed's log locations.
+pub async fn wait_for<T, F, Fut>(
+    tb: &impl Testbed,
+    what: &str,
+    timeout: Duration,
+    mut f: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let started = Instant::now();
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if started.elapsed() > timeout {
+            return Err(anyhow!(
+                "timed out after {timeout:?} waiting for {what}{}; {}",
+                last_err
+                    .map(|e| format!(" (last error: {e:#})"))
+                    .unwrap_or_default(),
+                tb.logs_hint()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Creates namespace `name` (fresh per scenario, so scenarios never see each
+/// other's objects).
+pub async fn namespace(tb: &impl Testbed, name: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(tb.client());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e).context(format!("creating namespace {name}")),
+    }
+}
+
+/// Reads an example file; pods are adapted to the testbed and, when `node` is
+/// given, pinned to it with a nodeSelector (the scheduler still allocates).
+pub fn example(tb: &impl Testbed, path: &Path, node: Option<&str>) -> Result<Vec<Value>> {
+    let mut objs = manifests::read(path)?;
+    for o in objs.iter_mut().filter(|o| o["kind"] == "Pod") {
+        tb.adapt_pod(o);
+        if let Some(node) = node {
+            o["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        }
+    }
+    Ok(objs)
+}
+
+/// Server-side applies every object into `ns`.
+pub async fn apply_all(tb: &impl Testbed, ns: &str, objs: &[Value]) -> Result<()> {
+    for o in objs {
+        manifests::apply(&tb.client(), o, Some(ns))
+            .await
+            .with_context(|| format!("applying {}", manifests::id(o)))?;
+    }
+    Ok(())
+}
+
+/// A pod for `template` (a ResourceClaimTemplate name) or `claim` (a
+/// ResourceClaim name), adapted to the testbed.
+pub fn pod_with_claim(
+    tb: &impl Testbed,
+    name: &str,
+    template: Option<&str>,
+    claim: Option<&str>,
+    node: Option<&str>,
+) -> Value {
+    let mut rc = json!({"name": "devices"});
+    if let Some(t) = template {
+        rc["resourceClaimTemplateName"] = json!(t);
+    }
+    if let Some(c) = claim {
+        rc["resourceClaimName"] = json!(c);
+    }
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "resourceClaims": [rc],
+            "containers": [{"name": "app", "image": "probe", "resources": {"claims": [{"name": "devices"}]}}],
+        },
+    });
+    tb.adapt_pod(&mut pod);
+    if let Some(node) = node {
+        pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    }
+    pod
+}
+
+pub async fn get_pod(tb: &impl Testbed, ns: &str, name: &str) -> Result<Option<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
+    Ok(pods.get_opt(name).await?)
+}
+
+/// Events of `ns` about object `name`, as `reason: message` lines.
+pub async fn events(tb: &impl Testbed, ns: &str, name: &str) -> Result<Vec<(String, String)>> {
+    let api: Api<Event> = Api::namespaced(tb.client(), ns);
+    let list = api
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect())
+}
+
+/// Waits for the pod to be Running; fails early when it failed, and the
+/// timeout message carries its status and events.
+pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration) -> Result<Pod> {
+    let started = Instant::now();
+    loop {
+        let pod = get_pod(tb, ns, name).await?;
+        if let Some(pod) = &pod {
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            if phase == "Running" {
+                return Ok(pod.clone());
+            }
+            if phase == "Failed" || phase == "Succeeded" {
+                bail!(
+                    "pod {ns}/{name} ended ({phase}): {:?}; events {:?}; {}",
+                    pod.status,
+                    events(tb, ns, name).await?,
+                    tb.logs_hint()
+                );
+            }
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "pod {ns}/{name} not Running after {timeout:?}: status {:?}; events {:?}; {}",
+                pod.and_then(|p| p.status),
+                events(tb, ns, name).await.unwrap_or_default(),
+                tb.logs_hint()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Deletes pods and waits until they are gone.
+pub async fn delete_pods(
+    tb: &impl Testbed,
+    ns: &str,
+    names: &[&str],
+    timeout: Duration,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
+    for n in names {
+        match pods.delete(n, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).context(format!("deleting pod {ns}/{n}")),
+        }
+    }
+    for n in names {
+        wait_for(tb, &format!("pod {ns}/{n} gone"), timeout, || async {
+            Ok(get_pod(tb, ns, n).await?.is_none().then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes every pod of `ns` and waits until they are gone.
+pub async fn delete_all_pods(tb: &impl Testbed, ns: &str, timeout: Duration) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
+    let names: Vec<String> = pods
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    delete_pods(tb, ns, &refs, timeout).await
+}
+
+/// Deletes a namespace without waiting (its pods must already be gone).
+pub async fn drop_namespace(tb: &impl Testbed, ns: &str) {
+    let api: Api<Namespace> = Api::all(tb.client());
+    let _ = api.delete(ns, &DeleteParams::default()).await;
+}
+
+/// What the probe container reported.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProbeReport {
+    /// path → `char M:m`
+    pub devices: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+}
+
+impl ProbeReport {
+    pub fn parse(log: &str) -> Option<ProbeReport> {
+        let body = log
+            .split_once("probe-begin\n")?
+            .1
+            .split_once("probe-end")?
+            .0;
+        let mut r = ProbeReport::default();
+        for line in body.lines() {
+            if let Some(rest) = line.strip_prefix("dev ") {
+                if let Some((path, what)) = rest.split_once(' ') {
+                    r.devices.insert(path.to_string(), what.to_string());
+                }
+            } else if let Some(kv) = line.strip_prefix("env ")
+                && let Some((k, v)) = kv.split_once('=')
+            {
+                r.env.insert(k.to_string(), v.to_string());
+            }
+        }
+        Some(r)
+    }
+
+    /// Device paths under `prefix` (e.g. `/dev/infiniband/uverbs`).
+    pub fn devices_with_prefix(&self, prefix: &str) -> BTreeSet<String> {
+        self.devices
+            .keys()
+            .filter(|p| p.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Waits for the probe's complete report in the pod's log.
+pub async fn probe(tb: &impl Testbed, ns: &str, pod: &str) -> Result<ProbeReport> {
+    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
+    wait_for(
+        tb,
+        &format!("probe report of {ns}/{pod}"),
+        Duration::from_secs(60),
+        || async {
+            let log = pods.logs(pod, &LogParams::default()).await?;
+            Ok(ProbeReport::parse(&log))
+        },
+    )
+    .await
+}
+
+/// One allocated device of a claim.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Allocated {
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+pub fn allocation(claim: &ResourceClaim) -> Vec<Allocated> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .map(|d| {
+            d.results
+                .iter()
+                .flatten()
+                .map(|r| Allocated {
+                    request: r.request.clone(),
+                    driver: r.driver.clone(),
+                    pool: r.pool.clone(),
+                    device: r.device.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The ResourceClaims of a pod (template-generated or referenced).
+pub async fn pod_claims(tb: &impl Testbed, ns: &str, pod: &str) -> Result<Vec<ResourceClaim>> {
+    let p = get_pod(tb, ns, pod)
+        .await?
+        .ok_or_else(|| anyhow!("pod {ns}/{pod} not found"))?;
+    let mut names = Vec::new();
+    for rc in p
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.clone())
+        .unwrap_or_default()
+    {
+        if let Some(n) = rc.resource_claim_name {
+            names.push(n);
+        } else if let Some(st) = p
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref())
+            .and_then(|v| v.iter().find(|s| s.name == rc.name))
+            .and_then(|s| s.resource_claim_name.clone())
+        {
+            names.push(st);
+        } else {
+            bail!(
+                "pod {ns}/{pod}: claim {} has no generated ResourceClaim yet",
+                rc.name
+            );
+        }
+    }
+    let claims: Api<ResourceClaim> = Api::namespaced(tb.client(), ns);
+    let mut out = Vec::new();
+    for n in names {
+        out.push(
+            claims
+                .get(&n)
+                .await
+                .with_context(|| format!("reading claim {ns}/{n}"))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Every allocated device of the pod's claims.
+pub async fn pod_devices(tb: &impl Testbed, ns: &str, pod: &str) -> Result<Vec<Allocated>> {
+    let mut all = Vec::new();
+    for c in pod_claims(tb, ns, pod).await? {
+        let a = allocation(&c);
+        if a.is_empty() {
+            bail!(
+                "claim {ns}/{} of pod {pod} is not allocated",
+                c.metadata.name.unwrap_or_default()
+            );
+        }
+        all.extend(a);
+    }
+    all.sort();
+    Ok(all)
+}
+
+/// The slices of `driver` on `node`.
+pub async fn slices(tb: &impl Testbed, node: &str, kind: DriverKind) -> Result<Vec<ResourceSlice>> {
+    let api: Api<ResourceSlice> = Api::all(tb.client());
+    let list = api
+        .list(&ListParams::default().fields(&format!(
+            "spec.nodeName={node},spec.driver={}",
+            kind.driver_name()
+        )))
+        .await?;
+    Ok(list.items)
+}
+
+/// Published devices of `driver` on `node`, by name.
+pub async fn devices(
+    tb: &impl Testbed,
+    node: &str,
+    kind: DriverKind,
+) -> Result<BTreeMap<String, Device>> {
+    Ok(slices(tb, node, kind)
+        .await?
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| (d.name.clone(), d))
+        .collect())
+}
+
+/// A string attribute of a device (`name` with domain for foreign ones).
+pub fn attr_str(d: &Device, name: &str) -> Option<String> {
+    d.attributes.as_ref()?.get(name)?.string.clone()
+}
+
+pub fn attr_int(d: &Device, name: &str) -> Option<i64> {
+    d.attributes.as_ref()?.get(name)?.int
+}
+
+/// Looks up an allocated device's published attributes.
+pub async fn published(tb: &impl Testbed, a: &Allocated) -> Result<Device> {
+    let kind = DriverKind::ALL
+        .into_iter()
+        .find(|k| k.driver_name() == a.driver)
+        .ok_or_else(|| anyhow!("unknown driver {}", a.driver))?;
+    devices(tb, &a.pool, kind)
+        .await?
+        .remove(&a.device)
+        .ok_or_else(|| anyhow!("{} {} not published on {}", a.driver, a.device, a.pool))
+}
+
+/// The pod's PodScheduled=False condition `(reason, message)`, if any.
+pub fn unschedulable(pod: &Pod) -> Option<(String, String)> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .map(|c| {
+            (
+                c.reason.clone().unwrap_or_default(),
+                c.message.clone().unwrap_or_default(),
+            )
+        })
+}
+
+/// The EFA's index N of `uverbsN` from its device name (`efa-DDDD-BB-DD-F`)
+/// via the fixture description.
+pub fn efa_uverbs(fixture: &sysfs_fixtures::Fixture, device: &str) -> Option<u32> {
+    let bdf = efa_bdf(device)?;
+    fixture.efa(&bdf).map(|e| e.uverbs)
+}
+
+/// `efa-0000-4f-00-0` → `0000:4f:00.0`.
+pub fn efa_bdf(device: &str) -> Option<String> {
+    let rest = device.strip_prefix("efa-")?;
+    let parts: Vec<&str> = rest.split('-').collect();
+    match parts.as_slice() {
+        [d, b, s, f] => Some(format!("{d}:{b}:{s}.{f}")),
+        _ => None,
+    }
+}
+
+/// `neuron-device-N` → N.
+pub fn neuron_index(device: &str) -> Option<u32> {
+    device.strip_prefix("neuron-device-")?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_reports_parse() {
+        let log = "noise\nprobe-begin\ndev /dev/null char 1:3\ndev /dev/infiniband/uverbs3 char 231:195\nenv A=b=c\nenv PATH=/bin\nprobe-end\n";
+        let r = ProbeReport::parse(log).unwrap();
+        assert_eq!(r.devices["/dev/infiniband/uverbs3"], "char 231:195");
+        assert_eq!(r.env["A"], "b=c");
+        assert_eq!(
+            r.devices_with_prefix("/dev/infiniband/"),
+            BTreeSet::from(["/dev/infiniband/uverbs3".to_string()])
+        );
+        assert_eq!(
+            ProbeReport::parse("probe-begin\ndev x char 1:1\n"),
+            None,
+            "incomplete report"
+        );
+    }
+
+    #[test]
+    fn device_names_map_back_to_hardware() {
+        assert_eq!(efa_bdf("efa-0000-4f-00-0").as_deref(), Some("0000:4f:00.0"));
+        assert_eq!(efa_bdf("gpu-0"), None);
+        assert_eq!(neuron_index("neuron-device-12"), Some(12));
+        assert_eq!(neuron_index("neuron-device-x"), None);
+    }
+}

@@ -1,0 +1,154 @@
+//! What the scenarios need from a cluster, whatever brought it up.
+//!
+//! [`Testbed`] is the small seam between the shared scenarios
+//! ([`crate::scenarios`]) and cluster bring-up: the local cluster of real
+//! processes ([`crate::local::LocalTestbed`]) implements it here; a kind
+//! cluster (drivers as DaemonSet pods) would implement the same methods with
+//! `kubectl`/`docker exec` (not done: this machine has no Docker).
+//!
+//! Everything else the scenarios do goes through the Kubernetes API with the
+//! admin client, so it is the same on any cluster.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use sysfs_fixtures::Fixture;
+
+use crate::charts::{self, Chart};
+use crate::error::Result;
+
+/// A driver the suite runs on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum DriverKind {
+    /// `efa-driver`
+    Efa,
+    /// `neuron-driver`
+    Neuron,
+    /// `gpu-test-driver`, the suite's stand-in for NVIDIA's GPU driver.
+    GpuTest,
+}
+
+impl DriverKind {
+    pub const ALL: [DriverKind; 3] = [DriverKind::Efa, DriverKind::Neuron, DriverKind::GpuTest];
+
+    /// The DRA driver name (`spec.driver` of its slices).
+    pub fn driver_name(self) -> &'static str {
+        match self {
+            DriverKind::Efa => "efa.networking.k8s.aws",
+            DriverKind::Neuron => "neuron.aws.com",
+            DriverKind::GpuTest => "gpu.nvidia.com",
+        }
+    }
+
+    /// The executable.
+    pub fn binary(self) -> &'static str {
+        match self {
+            DriverKind::Efa => "efa-driver",
+            DriverKind::Neuron => "neuron-driver",
+            DriverKind::GpuTest => "gpu-test-driver",
+        }
+    }
+
+    /// The chart that ships its RBAC and admission policy (none for the test GPU driver).
+    pub fn chart(self) -> Option<Chart> {
+        match self {
+            DriverKind::Efa => Some(charts::EFA_CHART),
+            DriverKind::Neuron => Some(charts::NEURON_CHART),
+            DriverKind::GpuTest => None,
+        }
+    }
+
+    /// `namespace/name` of the ServiceAccount whose bound token the driver uses.
+    pub fn service_account(self) -> (String, String) {
+        match self.chart() {
+            Some(c) => (charts::NAMESPACE.to_string(), c.service_account()),
+            None => (
+                charts::NAMESPACE.to_string(),
+                GPU_TEST_SERVICE_ACCOUNT.to_string(),
+            ),
+        }
+    }
+
+    /// How many devices the driver publishes for `fixture`.
+    pub fn expected_devices(self, fixture: &Fixture) -> usize {
+        match self {
+            DriverKind::Efa => fixture.efas.len(),
+            DriverKind::Neuron => fixture.neuron_chips.len(),
+            DriverKind::GpuTest => fixture.gpus.len(),
+        }
+    }
+}
+
+/// ServiceAccount of the test GPU driver (from `manifests/gpu-test-driver.yaml`).
+pub const GPU_TEST_SERVICE_ACCOUNT: &str = "gpu-test-driver";
+
+/// A node of the testbed: its fixture hardware and the drivers it runs.
+#[derive(Debug, Clone)]
+pub struct NodeInfo {
+    pub name: String,
+    pub fixture: Fixture,
+    pub drivers: Vec<DriverKind>,
+}
+
+impl NodeInfo {
+    pub fn instance_type(&self) -> &str {
+        &self.fixture.instance_type
+    }
+}
+
+/// The figures the suite tracks (printed, never asserted).
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct Figures {
+    /// `(node, driver, ms)`: process start → all its slices visible with every device.
+    pub start_to_slices_ms: Vec<(String, String, u64)>,
+    /// `(node, driver, prepares, mean ms)` from `dra_plugin_claim_duration_seconds`.
+    pub prepare_latency: Vec<(String, String, u64, f64)>,
+    /// `(node, driver, KiB)`: VmRSS after the run.
+    pub rss_kib: Vec<(String, String, u64)>,
+    /// Cluster bring-up (control plane, nodes, charts, drivers), ms.
+    pub bring_up_ms: u64,
+}
+
+/// The cluster-specific operations of the scenarios.
+#[allow(async_fn_in_trait)]
+pub trait Testbed: Send + Sync {
+    /// An admin client.
+    fn client(&self) -> kube::Client;
+    /// The nodes, with fixtures and drivers.
+    fn nodes(&self) -> Vec<NodeInfo>;
+    /// Adds a node with the fixture of `instance_type` running `drivers`
+    /// (no-op when it exists).
+    async fn ensure_node(
+        &self,
+        name: &str,
+        instance_type: &str,
+        drivers: &[DriverKind],
+    ) -> Result<()>;
+    /// Starts the driver on `node` (it must not be running); returns how long
+    /// until its pool was complete in the API.
+    async fn start_driver(&self, node: &str, kind: DriverKind) -> Result<Duration>;
+    /// SIGKILL, as a crash.
+    fn kill_driver(&self, node: &str, kind: DriverKind) -> Result<()>;
+    /// SIGTERM and wait for exit.
+    async fn stop_driver(&self, node: &str, kind: DriverKind) -> Result<()>;
+    fn driver_running(&self, node: &str, kind: DriverKind) -> bool;
+    /// A kubeconfig with exactly the driver's credentials on `node`.
+    fn driver_kubeconfig(&self, node: &str, kind: DriverKind) -> Result<PathBuf>;
+    /// The driver's `/metrics` text.
+    async fn driver_metrics(&self, node: &str, kind: DriverKind) -> Result<String>;
+    /// Resident memory of the driver process, KiB.
+    fn driver_rss_kib(&self, node: &str, kind: DriverKind) -> Option<u64>;
+    /// File names in the node's CDI spec directory.
+    fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>>;
+    /// The driver's checkpoint on `node` (`None` before its first prepare).
+    fn checkpoint(
+        &self,
+        node: &str,
+        kind: DriverKind,
+    ) -> Result<Option<dra_core::checkpoint::Checkpoint>>;
+    /// Makes an example's Pod runnable here (image, host network, tolerations).
+    fn adapt_pod(&self, pod: &mut serde_json::Value);
+    /// Where component logs are, for failure messages.
+    fn logs_hint(&self) -> String;
+}

@@ -1,0 +1,216 @@
+//! `cargo xtask demo [--once]`: the drivers on a local cluster, with the
+//! examples applied and their allocations shown side by side.
+//!
+//! Builds what is missing (as `cargo xtask e2e --cluster local` does),
+//! starts the local testbed (`p5`: efa-driver + the test GPU driver; `trn2`:
+//! efa-driver + neuron-driver; charts' RBAC and admission policy), applies a
+//! set of `examples/` that fit together on those two nodes into namespace
+//! `demo`, waits for the pods, and prints one row per allocated device:
+//! claim → node → device → pcieRoot and the claim's `matchAttribute` value,
+//! so the alignment is visible. Then it leaves everything running with the
+//! kubeconfig printed until Ctrl-C; `--once` tears down after printing.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use e2e::scenarios::kit;
+use e2e::{LocalOptions, LocalTestbed, Testbed};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use serde_json::Value;
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Tear the cluster down after printing the table.
+    #[arg(long)]
+    once: bool,
+}
+
+const NAMESPACE: &str = "demo";
+
+/// Example files applied, in order (pods in files without one are created
+/// for the named template). Chosen to fit together: 16 chips and 16 EFAs on
+/// trn2, 8 GPUs and 32 EFAs on p5.
+const EXAMPLES: &[(&str, Option<&str>)] = &[
+    // First: it names root pci0000:44, whose GPU another claim could take.
+    (
+        "gpu-efa/gpu-all-efas-on-root.yaml",
+        Some("gpu-all-efas-on-root"),
+    ),
+    ("gpu-efa/gpu-efa-same-pcie-root.yaml", None),
+    (
+        "gpu-efa/gpu-efas-on-root-count.yaml",
+        Some("gpu-4-efas-same-root"),
+    ),
+    ("neuron/neuron-8-chips-with-efas.yaml", None),
+    ("neuron/neuron-4-chips-with-efas.yaml", None),
+    ("neuron/neuron-lnc-per-claim.yaml", None),
+    ("efa/single-efa.yaml", None),
+    ("efa/shared-efa-claim.yaml", None),
+];
+
+pub fn run(args: DemoArgs) -> Result<()> {
+    let root = crate::charts::repo_root();
+    let bin_dir = crate::e2e::build_prerequisites(&root)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        let started = Instant::now();
+        eprintln!("==> demo: starting the local cluster and the drivers");
+        let tb = LocalTestbed::start(LocalOptions {
+            bin_dir: Some(bin_dir),
+            ..LocalOptions::default()
+        }).await?;
+        eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
+        let result = show(&tb).await;
+        if let Err(e) = &result {
+            eprintln!("demo: {e:#}");
+        }
+        eprintln!("\nexport KUBECONFIG={}", tb.admin_kubeconfig().display());
+        eprintln!("logs: {}", tb.run_dir().display());
+        if !args.once {
+            eprintln!("==> running; try `kubectl get resourceslices,resourceclaims -A`. Ctrl-C tears it down.");
+            // The cluster's SIGINT handler tears down and exits.
+            std::future::pending::<()>().await;
+        }
+        let report = tb.shutdown();
+        anyhow::ensure!(report.is_clean(), "teardown left {report:?}");
+        eprintln!("==> torn down cleanly");
+        result
+    })
+}
+
+async fn show(tb: &LocalTestbed) -> Result<()> {
+    kit::namespace(tb, NAMESPACE).await?;
+    let dir = e2e::local::examples_dir();
+    let mut pods = Vec::new();
+    for (file, template) in EXAMPLES {
+        let objs = kit::example(tb, &dir.join(file), None)?;
+        let mut objs: Vec<Value> = objs;
+        if let Some(t) = template {
+            objs.push(kit::pod_with_claim(
+                tb,
+                &format!("{t}-pod"),
+                Some(t),
+                None,
+                None,
+            ));
+        }
+        pods.extend(
+            objs.iter()
+                .filter(|o| o["kind"] == "Pod")
+                .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned)),
+        );
+        kit::apply_all(tb, NAMESPACE, &objs)
+            .await
+            .with_context(|| format!("applying {file}"))?;
+        eprintln!("    applied examples/{file}");
+        // In order: a later claim must not take what an earlier one needs.
+        for p in objs.iter().filter(|o| o["kind"] == "Pod") {
+            let name = p["metadata"]["name"].as_str().unwrap_or_default();
+            if let Err(e) = kit::running(tb, NAMESPACE, name, Duration::from_secs(120)).await {
+                eprintln!("    {name} is not running: {e:#}");
+            }
+        }
+    }
+    print_table(tb).await
+}
+
+async fn print_table(tb: &LocalTestbed) -> Result<()> {
+    let claims: Api<ResourceClaim> = Api::namespaced(tb.client(), NAMESPACE);
+    let mut rows: Vec<[String; 6]> = Vec::new();
+    for claim in claims.list(&Default::default()).await?.items {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let users: Vec<String> = claim
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        // The claim's matchAttribute (the alignment it asked for), if any.
+        let aligned_on = claim
+            .spec
+            .devices
+            .as_ref()
+            .and_then(|d| d.constraints.as_ref())
+            .and_then(|c| c.first())
+            .and_then(|c| c.match_attribute.clone());
+        let allocated = kit::allocation(&claim);
+        if allocated.is_empty() {
+            rows.push([
+                name,
+                users.join(","),
+                "-".into(),
+                "(not allocated)".into(),
+                String::new(),
+                String::new(),
+            ]);
+            continue;
+        }
+        for (i, a) in allocated.iter().enumerate() {
+            let device = kit::published(tb, a).await.ok();
+            let root = device
+                .as_ref()
+                .and_then(|d| kit::attr_str(d, "resource.kubernetes.io/pcieRoot"))
+                .unwrap_or_else(|| "-".into());
+            let align = match (&aligned_on, &device) {
+                (Some(attr), Some(d)) => format!(
+                    "{}={}",
+                    attr.rsplit('/').next().unwrap_or(attr),
+                    kit::attr_str(d, attr).unwrap_or_else(|| "-".into())
+                ),
+                _ => String::new(),
+            };
+            let first = i == 0;
+            rows.push([
+                if first { name.clone() } else { String::new() },
+                if first {
+                    users.join(",")
+                } else {
+                    String::new()
+                },
+                a.pool.clone(),
+                format!("{} {}", short_driver(&a.driver), a.device),
+                root,
+                align,
+            ]);
+        }
+    }
+    let header = ["CLAIM", "PODS", "NODE", "DEVICE", "PCIE ROOT", "ALIGNED ON"];
+    let mut widths: BTreeMap<usize, usize> = BTreeMap::new();
+    for row in rows
+        .iter()
+        .map(|r| r.each_ref().map(|c| c.len()))
+        .chain([header.map(str::len)])
+    {
+        for (i, w) in row.iter().enumerate() {
+            let e = widths.entry(i).or_default();
+            *e = (*e).max(*w);
+        }
+    }
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[&i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    println!();
+    println!("{}", line(&header.map(String::from)));
+    for r in &rows {
+        println!("{}", line(r));
+    }
+    Ok(())
+}
+
+fn short_driver(driver: &str) -> &str {
+    match driver {
+        "efa.networking.k8s.aws" => "efa",
+        "neuron.aws.com" => "neuron",
+        "gpu.nvidia.com" => "gpu",
+        other => other,
+    }
+}
