@@ -40,6 +40,11 @@ pub struct E2eArgs {
     /// Leave the scenarios' cluster running (until Ctrl-C) after they ran.
     #[arg(long)]
     pub keep: bool,
+    /// Run the drivers as the container image builds them (release profile,
+    /// the Dockerfile's cargo command), so the suite tests what ships and the
+    /// RSS figure is the production one. The GPU test driver stays a debug build.
+    #[arg(long)]
+    pub release: bool,
 }
 
 pub fn run(args: E2eArgs) -> Result<()> {
@@ -50,13 +55,13 @@ pub fn run(args: E2eArgs) -> Result<()> {
             let kubeconfig = crate::kind::bring_up(&root, &work)?;
             run_scenarios(&kubeconfig)
         }
-        ClusterKind::Local => run_local(&root, &work, args.keep),
+        ClusterKind::Local => run_local(&root, &work, args.keep, args.release),
     }
 }
 
 /// What `e2e` and `demo` need before a local cluster can start; returns the
 /// directory of the driver binaries. Prints each step's time.
-pub fn build_prerequisites(root: &Path) -> Result<PathBuf> {
+pub fn build_prerequisites(root: &Path, release: bool) -> Result<PathBuf> {
     let started = Instant::now();
     eprintln!("==> e2e: Kubernetes components (cached under ~/.cache/aws-dra)");
     let version = e2e::KubernetesVersion::parse(e2e::toolchain::DEFAULT_KUBERNETES_VERSION)?;
@@ -74,11 +79,10 @@ pub fn build_prerequisites(root: &Path) -> Result<PathBuf> {
     crate::helm::ensure(root)?;
     eprintln!("    helm: {:.1}s", t.elapsed().as_secs_f64());
     let t = Instant::now();
-    let status = Command::new("cargo")
-        .current_dir(root)
-        .args([
-            "build",
-            "--locked",
+    let packages: &[&str] = if release {
+        &["-p", "e2e", "--bins"]
+    } else {
+        &[
             "-p",
             "efa-driver",
             "-p",
@@ -86,23 +90,59 @@ pub fn build_prerequisites(root: &Path) -> Result<PathBuf> {
             "-p",
             "e2e",
             "--bins",
-        ])
+        ]
+    };
+    cargo(root, &[&["build", "--locked"], packages].concat())?;
+    // `cargo xtask` runs target/<profile>/xtask: the debug binaries are its siblings.
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let debug_dir = exe
+        .parent()
+        .map(Path::to_path_buf)
+        .context("xtask binary has no directory")?;
+    let bin_dir = if release {
+        // Exactly the image's build command, so no feature set differs from
+        // what ships (and CI's image-build step has already done the work).
+        cargo(root, crate::image::BUILD_ARGS)?;
+        let release_dir = debug_dir.with_file_name("release");
+        let dir = debug_dir.with_file_name("e2e-release-bin");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        for (name, from) in [
+            ("efa-driver", &release_dir),
+            ("neuron-driver", &release_dir),
+            ("gpu-test-driver", &debug_dir),
+        ] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(from.join(name), &link)
+                .with_context(|| format!("linking {}", link.display()))?;
+        }
+        dir
+    } else {
+        debug_dir
+    };
+    eprintln!(
+        "    driver binaries ({}): {:.1}s",
+        if release { "release" } else { "debug" },
+        t.elapsed().as_secs_f64()
+    );
+    Ok(bin_dir)
+}
+
+fn cargo(root: &Path, args: &[&str]) -> Result<()> {
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .args(args)
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("building the driver binaries failed ({status})");
+        bail!("cargo {} failed ({status})", args.join(" "));
     }
-    eprintln!("    driver binaries: {:.1}s", t.elapsed().as_secs_f64());
-    // `cargo xtask` runs target/<profile>/xtask: the binaries are its siblings.
-    let exe = std::env::current_exe().context("locating the xtask binary")?;
-    exe.parent()
-        .map(Path::to_path_buf)
-        .context("xtask binary has no directory")
+    Ok(())
 }
 
-fn run_local(root: &Path, work: &Path, keep: bool) -> Result<()> {
+fn run_local(root: &Path, work: &Path, keep: bool, release: bool) -> Result<()> {
     let started = Instant::now();
-    let bin_dir = build_prerequisites(root)?;
+    let bin_dir = build_prerequisites(root, release)?;
     let build_s = started.elapsed().as_secs_f64();
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let figures = work.join("figures.json");
