@@ -135,14 +135,28 @@ impl Helm {
     /// `helm dependency build` + `helm template` of `chart` with default
     /// values: every rendered object.
     pub fn render(&self, chart: Chart) -> Result<Vec<Value>> {
+        self.render_with_values(chart, &[])
+    }
+
+    /// As [`Self::render`], with values files relative to the chart's
+    /// directory (e.g. `ci/nondefault-values.yaml`).
+    pub fn render_with_values(&self, chart: Chart, values: &[&str]) -> Result<Vec<Value>> {
         let dir = repo_root().join("charts").join(chart.name);
         let dir_str = dir.to_str().ok_or_else(|| Error::Manifest {
             what: dir.display().to_string(),
             message: "path is not UTF-8".into(),
         })?;
         self.run(&["dependency", "build", dir_str])?;
-        let yaml = self.run(&["template", RELEASE, dir_str, "--namespace", NAMESPACE])?;
-        manifests::parse(&format!("helm template {}", chart.name), &yaml)
+        let files: Vec<String> = values
+            .iter()
+            .map(|v| dir.join(v).display().to_string())
+            .collect();
+        let mut args = vec!["template", RELEASE, dir_str, "--namespace", NAMESPACE];
+        for file in &files {
+            args.extend(["-f", file.as_str()]);
+        }
+        let yaml = self.run(&args)?;
+        manifests::parse(&format!("helm template {} {values:?}", chart.name), &yaml)
     }
 }
 

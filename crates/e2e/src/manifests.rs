@@ -89,6 +89,25 @@ async fn api_for(
 
 /// Server-side applies `obj` (forcing ownership of conflicting fields).
 pub async fn apply(client: &Client, obj: &Value, namespace: Option<&str>) -> Result<DynamicObject> {
+    apply_with(client, obj, namespace, false).await
+}
+
+/// As [`apply`] with `dryRun=All`: the API server validates and admits the
+/// object (defaulting, schema, admission policies) but stores nothing.
+pub async fn apply_dry_run(
+    client: &Client,
+    obj: &Value,
+    namespace: Option<&str>,
+) -> Result<DynamicObject> {
+    apply_with(client, obj, namespace, true).await
+}
+
+async fn apply_with(
+    client: &Client,
+    obj: &Value,
+    namespace: Option<&str>,
+    dry_run: bool,
+) -> Result<DynamicObject> {
     let api = api_for(client, obj, namespace).await?;
     let name = obj["metadata"]["name"]
         .as_str()
@@ -103,16 +122,20 @@ pub async fn apply(client: &Client, obj: &Value, namespace: Option<&str>) -> Res
     {
         meta.insert("namespace".into(), Value::String(ns.to_string()));
     }
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&obj),
-    )
-    .await
-    .map_err(|source| Error::Kube {
-        action: format!("applying {}", id(&obj)),
-        source,
-    })
+    let mut params = PatchParams::apply(FIELD_MANAGER).force();
+    if dry_run {
+        params = params.dry_run();
+    }
+    api.patch(name, &params, &Patch::Apply(&obj))
+        .await
+        .map_err(|source| Error::Kube {
+            action: format!(
+                "applying{} {}",
+                if dry_run { " (dry run)" } else { "" },
+                id(&obj)
+            ),
+            source,
+        })
 }
 
 /// Deletes `obj` if it exists (foreground, so pods are gone when it returns

@@ -25,8 +25,10 @@
 //! | `s10_driver_crash` | 10 | SIGKILL while pods come and go, restart, no double allocation |
 //! | `s11_node_isolation` | 11 | node A's driver credentials cannot touch node B's slices |
 //! | `s12_cel_selectors` | (issue 6) | the CEL selector examples |
+//! | `s13_chart_objects` | (issue 6) | every object of both charts, default and non-default values, passes server-side dry-run |
 
 mod allocate;
+mod charts;
 pub mod kit;
 mod lifecycle;
 mod publish;
@@ -36,7 +38,7 @@ use anyhow::{Result, bail};
 use crate::testbed::Testbed;
 
 /// Every scenario, in the order they run.
-pub const SCENARIOS: [&str; 12] = [
+pub const SCENARIOS: [&str; 13] = [
     "s01_slices",
     "s02_single_efa",
     "s03_gpu_efa_same_root",
@@ -49,6 +51,7 @@ pub const SCENARIOS: [&str; 12] = [
     "s10_driver_crash",
     "s11_node_isolation",
     "s12_cel_selectors",
+    "s13_chart_objects",
 ];
 
 /// The namespace of scenario `name` (`s04_gpu_all_efas_on_root` →
@@ -76,6 +79,7 @@ pub async fn run<T: Testbed>(tb: &T, name: &str) -> Result<()> {
         "s10_driver_crash" => lifecycle::driver_crash(tb, &ns).await,
         "s11_node_isolation" => publish::node_isolation(tb, &ns).await,
         "s12_cel_selectors" => allocate::cel_selectors(tb, &ns).await,
+        "s13_chart_objects" => charts::chart_objects(tb).await,
         other => Err(anyhow::anyhow!("no scenario named {other}")),
     };
     let cleanup = kit::delete_all_pods(tb, &ns, std::time::Duration::from_secs(120)).await;
