@@ -29,6 +29,7 @@ pub mod publish;
 pub mod runtime;
 pub mod self_check;
 mod state;
+pub mod uevent;
 
 pub use claims::{ClaimSource, InMemoryClaimSource, KubeClaimSource};
 pub use config::{ConfigError, DriverConfig, InvalidValue};

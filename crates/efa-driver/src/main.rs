@@ -127,9 +127,17 @@ async fn run(cmd: RunCommand) -> anyhow::Result<()> {
     );
     let (tx, devices) = tokio::sync::watch::channel(initial);
     let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel(1);
-    match hotplug::UeventSocket::open() {
+    match dra_core::uevent::UeventSocket::open() {
         Ok(socket) => {
-            tokio::spawn(hotplug::forward_uevents(socket, trigger_tx));
+            tokio::spawn(async move {
+                dra_core::uevent::forward_uevents(
+                    socket,
+                    hotplug::RELEVANT_SUBSYSTEMS,
+                    trigger_tx,
+                    Trigger::Uevent,
+                )
+                .await
+            });
         }
         Err(error) => {
             tracing::warn!(%error, "no kernel uevents; hot-plug is seen by the periodic rescan only")

@@ -119,5 +119,5 @@ async fn a_uevent_trigger_rescans_without_waiting_for_the_interval() {
 async fn uevent_socket_opens() {
     // The watcher's real event source: a kernel uevent netlink socket. Its
     // opening needs no privilege; a failure here would leave only rescans.
-    efa_driver::hotplug::UeventSocket::open().unwrap();
+    dra_core::uevent::UeventSocket::open().unwrap();
 }

@@ -9,7 +9,9 @@ use std::sync::{Arc, RwLock};
 use anyhow::Context;
 use dra_core::cli::{CommonArgs, DiscoverCommand, DriverCli, DriverCommand, RunCommand};
 use neuron_driver::bdf::NeuronIoctl;
-use neuron_driver::hotplug::{DEFAULT_RESCAN_INTERVAL, Scanner, apply, watch_devices};
+use neuron_driver::hotplug::{
+    DEFAULT_RESCAN_INTERVAL, RELEVANT_SUBSYSTEMS, Scanner, apply, watch_devices,
+};
 use neuron_driver::{DRIVER_NAME, NeuronDriver, devices};
 use topology::SysfsRoot;
 
@@ -60,10 +62,23 @@ fn run(cmd: RunCommand) -> anyhow::Result<()> {
         let shared = Arc::new(RwLock::new(Default::default()));
         let (tx, rx) = tokio::sync::watch::channel(Vec::new());
         apply(first, &shared, &tx);
+        let (uevent_tx, uevent_rx) = tokio::sync::mpsc::channel(1);
+        match dra_core::uevent::UeventSocket::open() {
+            Ok(socket) => {
+                tokio::spawn(async move {
+                    dra_core::uevent::forward_uevents(socket, RELEVANT_SUBSYSTEMS, uevent_tx, ())
+                        .await
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "no kernel uevents; chip changes are seen by the periodic rescan only")
+            }
+        }
         tokio::spawn(watch_devices(
             scanner,
             shared.clone(),
             tx,
+            uevent_rx,
             DEFAULT_RESCAN_INTERVAL,
         ));
         let driver = NeuronDriver::new(shared);

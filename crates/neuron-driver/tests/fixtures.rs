@@ -16,7 +16,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use neuron_driver::bdf::{BdfError, BdfSource, NeuronIoctl, StaticBdf};
 use neuron_driver::discovery::{BdfCache, NodeInventory, discover};
-use neuron_driver::hotplug::{Scanner, apply};
+use neuron_driver::hotplug::{Scanner, apply, watch_devices};
 use neuron_driver::prepare::{ENV_LNC, ENV_VISIBLE_CORES, claim_edits};
 use neuron_driver::{DRIVER_NAME, NeuronConfig, NeuronDriver, devices};
 use sysfs_fixtures::{ChipTopology, DeviceNodes, Fixture, generate, generate_spec, spec};
@@ -313,6 +313,52 @@ fn rescans_publish_only_changes_and_look_chips_up_once() {
     assert!(apply(scanner.scan().unwrap(), &shared, &tx));
     assert_eq!(rx.borrow().len(), 16);
     assert_eq!(lookups(), 17, "a chip that came back is looked up again");
+}
+
+/// A uevent makes the watcher rescan at once, long before its periodic
+/// rescan (1 hour here) would: the chip set follows unbind and bind.
+#[test]
+fn a_uevent_triggers_a_rescan() {
+    let (_dir, fx) = fixture("trn2.48xlarge");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let scanner = Scanner::new(
+            SysfsRoot::new(&fx.sys),
+            fx.dev.clone(),
+            Box::new(fixture_bdf(&fx)),
+        );
+        let shared = Arc::new(RwLock::new(NodeInventory::default()));
+        let (tx, mut rx) = tokio::sync::watch::channel(Vec::new());
+        let (uevent_tx, uevent_rx) = tokio::sync::mpsc::channel(1);
+        let hour = std::time::Duration::from_secs(3600);
+        tokio::spawn(watch_devices(scanner, shared, tx, uevent_rx, hour));
+        let wait_for = |rx: &mut tokio::sync::watch::Receiver<Vec<_>>, n: usize| {
+            let mut rx = rx.clone();
+            async move {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    rx.wait_for(|d: &Vec<k8s_openapi::api::resource::v1::Device>| d.len() == n),
+                )
+                .await
+                .map(|r| r.is_ok())
+                .unwrap_or(false)
+            }
+        };
+        // The first (immediate) tick publishes the 16 chips.
+        assert!(wait_for(&mut rx, 16).await, "initial scan");
+
+        fx.unbind_driver(&fx.neuron_chips[3].bdf).unwrap();
+        uevent_tx.send(()).await.unwrap();
+        assert!(wait_for(&mut rx, 15).await, "unbind seen after the uevent");
+        assert!(!rx.borrow().iter().any(|d| d.name == "neuron-device-3"));
+
+        fx.bind_driver(&fx.neuron_chips[3].bdf).unwrap();
+        uevent_tx.send(()).await.unwrap();
+        assert!(wait_for(&mut rx, 16).await, "bind seen after the uevent");
+    });
 }
 
 fn entry(source: &str, lnc: Option<u32>) -> DeviceAllocationConfiguration {
