@@ -52,7 +52,8 @@ const EXAMPLES: &[(&str, Option<&str>)] = &[
 
 pub fn run(args: DemoArgs) -> Result<()> {
     let root = crate::charts::repo_root();
-    let bin_dir = crate::e2e::build_prerequisites(&root, false)?;
+    let bin_dir =
+        crate::e2e::build_prerequisites(&root, false, e2e::toolchain::DEFAULT_KUBERNETES_VERSION)?;
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let started = Instant::now();

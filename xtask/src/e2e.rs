@@ -45,6 +45,10 @@ pub struct E2eArgs {
     /// RSS figure is the production one. The GPU test driver stays a debug build.
     #[arg(long)]
     pub release: bool,
+    /// Kubernetes release of the local cluster (a compatibility run; any
+    /// version the Go module proxy serves, built and cached on first use).
+    #[arg(long, default_value = e2e::toolchain::DEFAULT_KUBERNETES_VERSION)]
+    pub k8s_version: String,
 }
 
 pub fn run(args: E2eArgs) -> Result<()> {
@@ -55,16 +59,16 @@ pub fn run(args: E2eArgs) -> Result<()> {
             let kubeconfig = crate::kind::bring_up(&root, &work)?;
             run_scenarios(&kubeconfig)
         }
-        ClusterKind::Local => run_local(&root, &work, args.keep, args.release),
+        ClusterKind::Local => run_local(&root, &work, &args),
     }
 }
 
 /// What `e2e` and `demo` need before a local cluster can start; returns the
 /// directory of the driver binaries. Prints each step's time.
-pub fn build_prerequisites(root: &Path, release: bool) -> Result<PathBuf> {
+pub fn build_prerequisites(root: &Path, release: bool, k8s_version: &str) -> Result<PathBuf> {
     let started = Instant::now();
     eprintln!("==> e2e: Kubernetes components (cached under ~/.cache/aws-dra)");
-    let version = e2e::KubernetesVersion::parse(e2e::toolchain::DEFAULT_KUBERNETES_VERSION)?;
+    let version = e2e::KubernetesVersion::parse(k8s_version)?;
     let t = Instant::now();
     e2e::toolchain::ensure_built(e2e::toolchain::BuildOptions {
         kubernetes_version: version,
@@ -140,9 +144,9 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn run_local(root: &Path, work: &Path, keep: bool, release: bool) -> Result<()> {
+fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     let started = Instant::now();
-    let bin_dir = build_prerequisites(root, release)?;
+    let bin_dir = build_prerequisites(root, args.release, &args.k8s_version)?;
     let build_s = started.elapsed().as_secs_f64();
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let figures = work.join("figures.json");
@@ -151,8 +155,9 @@ fn run_local(root: &Path, work: &Path, keep: bool, release: bool) -> Result<()> 
     test.current_dir(root)
         .args(["test", "--locked", "-p", "e2e"])
         .env("AWS_DRA_BIN_DIR", &bin_dir)
-        .env("AWS_DRA_E2E_FIGURES", &figures);
-    if keep {
+        .env("AWS_DRA_E2E_FIGURES", &figures)
+        .env("AWS_DRA_K8S_VERSION", &args.k8s_version);
+    if args.keep {
         test.args(["--test", "scenarios"])
             .env("AWS_DRA_E2E_KEEP", "1");
     }

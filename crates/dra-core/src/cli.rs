@@ -115,15 +115,22 @@ pub struct DiscoverArgs {
     pub output: OutputFormat,
 }
 
-/// `run` = common + run flags.
+/// A driver without flags of its own for `run`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+pub struct NoExtraArgs {}
+
+/// `run` = common + run flags + the driver's own `run` flags (`X`).
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
-pub struct RunCommand {
+pub struct RunCommand<X: Args = NoExtraArgs> {
     /// Shared flags.
     #[command(flatten)]
     pub common: CommonArgs,
     /// `run` flags.
     #[command(flatten)]
     pub run: RunArgs,
+    /// The driver's own `run` flags.
+    #[command(flatten)]
+    pub extra: X,
 }
 
 /// `discover` = common + discover flags.
@@ -139,22 +146,23 @@ pub struct DiscoverCommand {
 
 /// The subcommands.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
-pub enum DriverCommand {
+pub enum DriverCommand<X: Args = NoExtraArgs> {
     /// Serve the kubelet plugin and publish devices (the DaemonSet entry point; the default).
-    Run(RunCommand),
+    Run(RunCommand<X>),
     /// Print the ResourceSlices `run` would publish, without touching any cluster.
     Discover(DiscoverCommand),
 }
 
-/// The whole command line of a driver binary.
+/// The whole command line of a driver binary; `X` holds flags of `run` that
+/// only this driver has (e.g. the EFA driver's rescan interval).
 #[derive(Debug, Clone, PartialEq, Eq, Parser)]
-pub struct DriverCli {
+pub struct DriverCli<X: Args = NoExtraArgs> {
     /// What to do.
     #[command(subcommand)]
-    pub command: DriverCommand,
+    pub command: DriverCommand<X>,
 }
 
-impl DriverCli {
+impl<X: Args> DriverCli<X> {
     /// Parses the process's arguments for the binary `name` whose default
     /// driver name is `default_driver`; exits with usage on error, like clap.
     pub fn parse_for(
@@ -376,6 +384,43 @@ mod tests {
         DriverCli::try_parse_for("efa-driver", "0.1.0", DRIVER, args)
     }
 
+    /// A driver's own `run` flags sit next to the shared ones, with the same
+    /// implicit `run` and default driver name.
+    #[test]
+    fn driver_specific_run_flags() {
+        #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+        struct Extra {
+            #[arg(long, default_value_t = 60)]
+            rescan_interval: u64,
+        }
+        let parse = |args: &[&str]| -> Result<DriverCli<Extra>, clap::Error> {
+            DriverCli::try_parse_for("efa-driver", "0.1.0", DRIVER, args)
+        };
+        let cli = parse(&["efa-driver", "--node-name", "n1", "--rescan-interval", "5"]).unwrap();
+        let DriverCommand::Run(run) = cli.command else {
+            panic!("run is implied")
+        };
+        assert_eq!(run.extra.rescan_interval, 5);
+        assert_eq!(run.common.driver_name, DRIVER);
+        let cli = parse(&["efa-driver", "run", "--node-name", "n1"]).unwrap();
+        let DriverCommand::Run(run) = cli.command else {
+            panic!("run")
+        };
+        assert_eq!(run.extra.rescan_interval, 60);
+        // `discover` does not take run-only flags.
+        assert!(
+            parse(&[
+                "efa-driver",
+                "discover",
+                "--node-name",
+                "n1",
+                "--rescan-interval",
+                "5"
+            ])
+            .is_err()
+        );
+    }
+
     /// Parses `args` in a child process (this test binary) whose environment
     /// holds exactly `env` among the twins: env mutation is `unsafe` in Rust
     /// 2024 and racy in a threaded test binary, a child process is neither.
@@ -453,6 +498,7 @@ mod tests {
                     kubeconfig: Some("/e/kubeconfig".into()),
                     allow_device_plugin_coexistence: true,
                 },
+                extra: NoExtraArgs {},
             }),
         };
         let test = "cli::tests::env_twins_set_every_flag";

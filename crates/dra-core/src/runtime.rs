@@ -222,7 +222,7 @@ mod tests {
     use crate::cli::{DriverCli, DriverCommand};
 
     fn options(driver: &'static str) -> RuntimeOptions {
-        let cli = DriverCli::try_parse_for(
+        let cli: DriverCli = DriverCli::try_parse_for(
             "test-driver",
             "0.0.0",
             driver,

@@ -72,20 +72,36 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
-    /// The pinned Kubernetes version, with one node per name.
+    /// One node per name, on the pinned Kubernetes version, or on the one
+    /// `AWS_DRA_K8S_VERSION` names (a compatibility run:
+    /// `cargo xtask e2e --cluster local --k8s-version v1.37.2`).
     pub fn with_nodes(names: &[&str]) -> Self {
         Self {
             nodes: names.iter().map(|n| NodeSpec::new(n)).collect(),
-            kubernetes_version: KubernetesVersion::parse(DEFAULT_KUBERNETES_VERSION).unwrap_or(
-                KubernetesVersion {
-                    major: 1,
-                    minor: 34,
-                    patch: 0,
-                },
-            ),
+            kubernetes_version: selected_kubernetes_version(),
             start_timeout: Duration::from_secs(120),
             keep_state_dir: false,
         }
+    }
+}
+
+/// `AWS_DRA_K8S_VERSION` when set and valid, else the pinned version. An
+/// invalid value is reported and ignored rather than silently testing
+/// something else than asked: the version is logged at cluster start.
+pub fn selected_kubernetes_version() -> KubernetesVersion {
+    let pinned = || {
+        KubernetesVersion::parse(DEFAULT_KUBERNETES_VERSION).unwrap_or(KubernetesVersion {
+            major: 1,
+            minor: 34,
+            patch: 0,
+        })
+    };
+    match std::env::var("AWS_DRA_K8S_VERSION") {
+        Ok(v) if !v.is_empty() => KubernetesVersion::parse(&v).unwrap_or_else(|e| {
+            tracing::error!(value = %v, error = %e, "AWS_DRA_K8S_VERSION is not a version; using the pinned one");
+            pinned()
+        }),
+        _ => pinned(),
     }
 }
 

@@ -8,8 +8,8 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use dra_core::cli::{CommonArgs, DiscoverArgs, RunArgs, init_logging, render_list};
+use clap::Args;
+use dra_core::cli::{DiscoverCommand, DriverCli, DriverCommand, init_logging, render_list};
 use dra_core::publish::desired_slices;
 use efa_driver::hotplug::{self, EfaMetrics, Inventory, Trigger, WatchConfig};
 use efa_driver::{DRIVER_NAME, EfaDriver, attributes, discovery, safety};
@@ -25,59 +25,14 @@ struct EfaRunArgs {
     rescan_interval: u64,
 }
 
-#[derive(Debug, Clone, Args)]
-struct RunCommand {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    run: RunArgs,
-    #[command(flatten)]
-    efa: EfaRunArgs,
-}
+type RunCommand = dra_core::cli::RunCommand<EfaRunArgs>;
+type Command = DriverCommand<EfaRunArgs>;
 
-#[derive(Debug, Clone, Args)]
-struct DiscoverCommand {
-    #[command(flatten)]
-    common: CommonArgs,
-    #[command(flatten)]
-    discover: DiscoverArgs,
-}
-
-#[derive(Debug, Clone, Subcommand)]
-enum Command {
-    /// Serve the kubelet plugin and publish EFAs (the DaemonSet entry point; the default).
-    Run(RunCommand),
-    /// Print the ResourceSlices `run` would publish, without touching any cluster.
-    Discover(DiscoverCommand),
-}
-
-#[derive(Debug, Clone, Parser)]
-#[command(name = "efa-driver", version)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-/// Parses the command line; `run` is implied when no subcommand is given,
-/// and `--driver-name` defaults to [`DRIVER_NAME`].
-fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, clap::Error> {
-    let mut args: Vec<OsString> = args.into_iter().collect();
-    let explicit = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
-        matches!(
-            a,
-            "run" | "discover" | "help" | "-h" | "--help" | "-V" | "--version"
-        )
-    });
-    if !explicit {
-        args.insert(args.len().min(1), "run".into());
-    }
-    let mut cmd = Cli::command();
-    for sub in ["run", "discover"] {
-        cmd = cmd.mut_subcommand(sub, |s| {
-            s.mut_arg("driver_name", |a| a.default_value(DRIVER_NAME))
-        });
-    }
-    Cli::from_arg_matches(&cmd.try_get_matches_from(args)?)
+/// Parses the command line: dra-core's shared CLI (`run` implied when no
+/// subcommand is given, `--driver-name` defaulting to [`DRIVER_NAME`]) plus
+/// [`EfaRunArgs`] on `run`.
+fn parse(args: impl IntoIterator<Item = OsString>) -> Result<DriverCli<EfaRunArgs>, clap::Error> {
+    DriverCli::try_parse_for("efa-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME, args)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -144,7 +99,7 @@ async fn run(cmd: RunCommand) -> anyhow::Result<()> {
         }
     }
     let watch_config = WatchConfig {
-        rescan_interval: Duration::from_secs(cmd.efa.rescan_interval),
+        rescan_interval: Duration::from_secs(cmd.extra.rescan_interval),
         ..WatchConfig::default()
     };
     tokio::spawn(hotplug::watch_devices(
@@ -180,7 +135,7 @@ mod tests {
             panic!("run expected")
         };
         assert_eq!(r.common.driver_name, DRIVER_NAME);
-        assert_eq!(r.efa.rescan_interval, 60);
+        assert_eq!(r.extra.rescan_interval, 60);
         let cli = parse(args(&[
             "efa-driver",
             "discover",
@@ -213,7 +168,7 @@ mod tests {
         let Command::Run(r) = cli.command else {
             panic!("run expected")
         };
-        assert_eq!(r.efa.rescan_interval, 5);
+        assert_eq!(r.extra.rescan_interval, 5);
         for bad in ["0", "-1", "soon"] {
             assert!(
                 parse(args(&[

@@ -16,7 +16,8 @@ use neuron_driver::{DRIVER_NAME, NeuronDriver, devices};
 use topology::SysfsRoot;
 
 fn main() -> anyhow::Result<()> {
-    let cli = DriverCli::parse_for("neuron-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME);
+    let cli: DriverCli =
+        DriverCli::parse_for("neuron-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME);
     match cli.command {
         DriverCommand::Discover(d) => discover(d),
         DriverCommand::Run(r) => run(r),

@@ -197,7 +197,8 @@ impl Driver for GpuTestDriver {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = DriverCli::parse_for("gpu-test-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME);
+    let cli: DriverCli =
+        DriverCli::parse_for("gpu-test-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME);
     match cli.command {
         DriverCommand::Discover(d) => {
             init_logging(d.common.log_format, d.common.log_filter())?;
