@@ -21,7 +21,7 @@ use crate::cgroups;
 use crate::cluster::{NODE_IP, NodeSpec, write_json};
 use crate::error::{Error, Result, io};
 use crate::pki::CertPair;
-use crate::process::ManagedProcess;
+use crate::process::{ManagedProcess, run_checked};
 use crate::toolchain::{Binaries, PAUSE_IMAGE, PROBE_IMAGE};
 
 /// Everything a test needs to know about a running node.
@@ -191,7 +191,7 @@ pub(crate) async fn start(
     let started = Instant::now();
     loop {
         procs.containerd.check_running()?;
-        if socket.exists() && run_quiet(&mut ctr(&["version"])).is_ok() {
+        if socket.exists() && run_checked(&mut ctr(&["version"])).is_ok() {
             break;
         }
         if started.elapsed() > timeout {
@@ -205,7 +205,7 @@ pub(crate) async fn start(
     }
     for archive in [&binaries.pause_image, &binaries.probe_image] {
         let archive = archive.to_string_lossy().into_owned();
-        run_quiet(&mut ctr(&[
+        run_checked(&mut ctr(&[
             "--namespace",
             "k8s.io",
             "images",
@@ -215,7 +215,7 @@ pub(crate) async fn start(
             &archive,
         ]))?;
     }
-    let listed = run_quiet(&mut ctr(&["--namespace", "k8s.io", "images", "list", "-q"]))?;
+    let listed = run_checked(&mut ctr(&["--namespace", "k8s.io", "images", "list", "-q"]))?;
     for image in [PAUSE_IMAGE, PROBE_IMAGE] {
         if !listed.lines().any(|l| l.trim() == image) {
             return Err(Error::Host(format!(
@@ -445,33 +445,13 @@ fn pick_snapshotter(state_dir: &Path) -> String {
     if mounted { "overlayfs" } else { "native" }.into()
 }
 
-fn run_quiet(cmd: &mut Command) -> Result<String> {
-    let rendered = format!("{cmd:?}");
-    let out = cmd.output().map_err(|source| Error::Spawn {
-        command: rendered.clone(),
-        source,
-    })?;
-    if !out.status.success() {
-        return Err(Error::CommandFailed {
-            command: rendered,
-            status: out.status.to_string(),
-            output_tail: format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// Adds `ip/32` to `lo` unless some interface has it already.
 pub(crate) fn ensure_node_ip(ip: Ipv4Addr) -> Result<()> {
-    let shown = run_quiet(Command::new("ip").args(["-4", "-o", "addr", "show"]))?;
+    let shown = run_checked(Command::new("ip").args(["-4", "-o", "addr", "show"]))?;
     if shown.contains(&format!(" {ip}/")) {
         return Ok(());
     }
-    run_quiet(Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]))
+    run_checked(Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]))
         .map(|_| ())
 }
 

@@ -213,6 +213,28 @@ pub fn on_interrupt(hook: Hook) -> TeardownGuard {
     TeardownGuard(id)
 }
 
+/// Runs `cmd` to completion and returns its stdout; a failure to start or a
+/// non-zero exit is an error that names the command and carries its output.
+pub(crate) fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
+    let rendered = format!("{cmd:?}");
+    let out = cmd.output().map_err(|source| Error::Spawn {
+        command: rendered.clone(),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(Error::CommandFailed {
+            command: rendered,
+            status: out.status.to_string(),
+            output_tail: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

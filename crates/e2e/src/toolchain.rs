@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result, io};
 use crate::image::{self, ImageSpec};
+use crate::process::run_checked;
 
 /// The Kubernetes release the committed wrapper module pins: the newest
 /// v1.34.x patch the Go proxy served when it was generated. 1.34 is the oldest
@@ -376,7 +377,7 @@ impl GoToolchain {
                 what: "go toolchain (set AWS_DRA_GO)".into(),
                 path: PathBuf::from("/usr/local/go/bin/go"),
             })?;
-        let out = run_captured(Command::new(&go).arg("version"))?;
+        let out = run_checked(Command::new(&go).arg("version"))?;
         Ok(Self {
             go,
             version: out.trim().to_string(),
@@ -557,22 +558,6 @@ fn run_with_heartbeat(
     Ok(())
 }
 
-fn run_captured(cmd: &mut Command) -> Result<String> {
-    let rendered = format!("{cmd:?}");
-    let out = cmd.output().map_err(|source| Error::Spawn {
-        command: rendered.clone(),
-        source,
-    })?;
-    if !out.status.success() {
-        return Err(Error::CommandFailed {
-            command: rendered,
-            status: out.status.to_string(),
-            output_tail: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// `-X` flags so `/version`, the Node's kubeletVersion and feature-gate
 /// defaults all report the real release instead of `v0.0.0-master`.
 pub fn kubernetes_ldflags(version: &KubernetesVersion) -> String {
@@ -709,7 +694,7 @@ pub fn generate_kubernetes_module(version: &KubernetesVersion, dir: &Path) -> Re
 impl GoToolchain {
     fn generate(&self, version: &KubernetesVersion, dir: &Path) -> Result<()> {
         fs::create_dir_all(dir).map_err(io("creating", dir))?;
-        let json = run_captured(
+        let json = run_checked(
             self.command(dir)
                 .args(["mod", "download", "-json"])
                 .arg(format!("k8s.io/kubernetes@{version}"))
@@ -736,7 +721,7 @@ impl GoToolchain {
         let path = dir.join("go.mod");
         fs::write(&path, rendered).map_err(io("writing", &path))?;
         let _ = fs::remove_file(dir.join("go.sum"));
-        run_captured(self.command(dir).args(["mod", "tidy"]))?;
+        run_checked(self.command(dir).args(["mod", "tidy"]))?;
         Ok(())
     }
 }
@@ -771,7 +756,7 @@ fn ensure_host_packages(progress: &mut Box<dyn FnMut(&str) + Send>) -> Result<()
         packages.push("containernetworking-plugins");
     }
     for p in &packages {
-        let policy = run_captured(Command::new("apt-cache").args(["policy", p]))?;
+        let policy = run_checked(Command::new("apt-cache").args(["policy", p]))?;
         if !policy.contains("Candidate:") || policy.contains("Candidate: (none)") {
             return Err(Error::Host(format!(
                 "apt has no candidate for {p}:\n{policy}"
