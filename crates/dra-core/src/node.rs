@@ -98,13 +98,14 @@ pub fn device_plugin_resources_present(node: &Node, resource_names: &[&str]) -> 
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn node(allocatable: &[(&str, &str)]) -> Node {
+    /// A Node named `n1` (uid `u-1`) with this `status.allocatable`.
+    pub(crate) fn node(allocatable: &[(&str, &str)]) -> Node {
         Node {
             metadata: ObjectMeta {
                 name: Some("n1".into()),

@@ -344,6 +344,16 @@ fn pipeline_status(e: PipelineError) -> Status {
 
 macro_rules! dra_service_version {
     ($pb:ident) => {
+        impl From<$pb::Claim> for ClaimRef {
+            fn from(c: $pb::Claim) -> Self {
+                ClaimRef {
+                    namespace: c.namespace,
+                    name: c.name,
+                    uid: c.uid,
+                }
+            }
+        }
+
         // v1's Device has `share_id` (left unset), v1beta1's has not.
         #[allow(clippy::needless_update)]
         #[tonic::async_trait]
@@ -357,11 +367,7 @@ macro_rules! dra_service_version {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        name: c.name,
-                        uid: c.uid,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let answers = self
                     .pipeline
@@ -405,11 +411,7 @@ macro_rules! dra_service_version {
                     .into_inner()
                     .claims
                     .into_iter()
-                    .map(|c| ClaimRef {
-                        namespace: c.namespace,
-                        name: c.name,
-                        uid: c.uid,
-                    })
+                    .map(ClaimRef::from)
                     .collect();
                 let answers = self
                     .pipeline

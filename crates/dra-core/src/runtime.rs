@@ -257,23 +257,6 @@ mod tests {
         assert!(sockets.plugin.ends_with("plugins/neuron.aws.com/dra.sock"));
     }
 
-    fn node(allocatable: &[(&str, &str)]) -> Node {
-        use k8s_openapi::api::core::v1::NodeStatus;
-        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-        let mut node = Node::default();
-        node.metadata.name = Some("n1".into());
-        node.status = Some(NodeStatus {
-            allocatable: Some(
-                allocatable
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
-                    .collect(),
-            ),
-            ..Default::default()
-        });
-        node
-    }
-
     #[test]
     fn device_plugin_coexistence_is_refused_unless_allowed() {
         const EFA: &[&str] = &["vpc.amazonaws.com/efa"];
@@ -288,7 +271,8 @@ mod tests {
             (&[("aws.amazon.com/neuron", "16")], false, true),
         ];
         for (allocatable, allow, may_start) in cases {
-            let result = check_device_plugin_coexistence(&node(allocatable), EFA, *allow);
+            let node = crate::node::tests::node(allocatable);
+            let result = check_device_plugin_coexistence(&node, EFA, *allow);
             assert_eq!(result.is_ok(), *may_start, "{allocatable:?} allow={allow}");
             if let Err(e) = result {
                 let message = e.to_string();
