@@ -238,6 +238,9 @@ pub struct Expect {
     pub service_monitor: bool,
     pub priority_class: Option<String>,
     pub instance_type_affinity: bool,
+    pub host_network: bool,
+    /// `(name, value)` of `extraEnv` entries.
+    pub extra_env: Vec<(String, String)>,
     pub device_classes: Vec<String>,
     /// Args that must be present besides the ones every rendering has.
     pub extra_args: Vec<String>,
@@ -265,6 +268,8 @@ impl Expect {
             service_monitor: false,
             priority_class: Some("system-node-critical".into()),
             instance_type_affinity: true,
+            host_network: false,
+            extra_env: vec![],
             device_classes: vec![spec.driver.into()],
             extra_args: vec!["--log-format=json".into()],
             cel: vec![],
@@ -321,6 +326,8 @@ impl Expect {
                 sysfs_root: "/opt/aws-dra/fixtures/trn2/sys".into(),
                 dev_root: "/opt/aws-dra/fixtures/trn2/dev".into(),
                 privileged: true,
+                host_network: true,
+                extra_env: vec![("KUBERNETES_SERVICE_HOST".into(), "10.1.2.3".into())],
                 rbac: false,
                 vap: false,
                 service: false,
@@ -494,6 +501,19 @@ fn check_daemonset(spec: &ChartSpec, expect: &Expect, ds: &Value) -> Result<()> 
             "empty instanceTypes must drop the affinity"
         );
     }
+    if expect.host_network {
+        ensure!(
+            pod["hostNetwork"] == true && pod["dnsPolicy"] == "ClusterFirstWithHostNet",
+            "hostNetwork: true must render with dnsPolicy ClusterFirstWithHostNet: {} {}",
+            pod["hostNetwork"],
+            pod["dnsPolicy"]
+        );
+    } else {
+        ensure!(
+            pod["hostNetwork"].is_null() && pod["dnsPolicy"].is_null(),
+            "hostNetwork must be off by default"
+        );
+    }
     let tolerated = pod["tolerations"]
         .as_array()
         .map(|t| {
@@ -572,6 +592,18 @@ fn check_daemonset(spec: &ChartSpec, expect: &Expect, ds: &Value) -> Result<()> 
             e["value"]
         );
     }
+    for (name, want) in &expect.extra_env {
+        let e = env_value(c, name).with_context(|| format!("extraEnv {name} missing"))?;
+        ensure!(e["value"] == want.as_str(), "extraEnv {name} = {}", e["value"]);
+    }
+    let env_names = c["env"]
+        .as_array()
+        .map(|e| e.iter().filter_map(|v| v["name"].as_str()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    ensure!(
+        env_names.len() == 7 + expect.extra_env.len(),
+        "unexpected env entries: {env_names:?}"
+    );
     ensure!(
         c["ports"][0]["name"] == "metrics" && c["ports"][0]["containerPort"] == expect.metrics_port,
         "metrics port {}",

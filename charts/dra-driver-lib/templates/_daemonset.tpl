@@ -57,6 +57,12 @@ spec:
       securityContext:
         seccompProfile:
           type: RuntimeDefault
+      {{- if .Values.hostNetwork }}
+      # hostNetwork was asked for in values (see its comment in values.yaml);
+      # keep cluster DNS for the pod anyway.
+      hostNetwork: true
+      dnsPolicy: ClusterFirstWithHostNet
+      {{- end }}
       {{- with .Values.nodeSelector }}
       nodeSelector:
         {{- toYaml . | nindent 8 }}
@@ -111,6 +117,9 @@ spec:
               value: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
             - name: LOG_LEVEL
               value: {{ .Values.logLevel | quote }}
+            {{- with .Values.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
           ports:
             - name: metrics
               containerPort: {{ .Values.metrics.port }}
