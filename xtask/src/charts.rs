@@ -594,11 +594,19 @@ fn check_daemonset(spec: &ChartSpec, expect: &Expect, ds: &Value) -> Result<()> 
     }
     for (name, want) in &expect.extra_env {
         let e = env_value(c, name).with_context(|| format!("extraEnv {name} missing"))?;
-        ensure!(e["value"] == want.as_str(), "extraEnv {name} = {}", e["value"]);
+        ensure!(
+            e["value"] == want.as_str(),
+            "extraEnv {name} = {}",
+            e["value"]
+        );
     }
     let env_names = c["env"]
         .as_array()
-        .map(|e| e.iter().filter_map(|v| v["name"].as_str()).collect::<Vec<_>>())
+        .map(|e| {
+            e.iter()
+                .filter_map(|v| v["name"].as_str())
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default();
     ensure!(
         env_names.len() == 7 + expect.extra_env.len(),

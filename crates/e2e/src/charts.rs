@@ -105,7 +105,7 @@ impl Helm {
         })
     }
 
-    fn run(&self, args: &[&str]) -> Result<String> {
+    pub(crate) fn run(&self, args: &[&str]) -> Result<String> {
         let out = Command::new(&self.binary)
             .env("HELM_CONFIG_HOME", self.home.join("config"))
             .env("HELM_CACHE_HOME", self.home.join("cache"))

@@ -3,9 +3,10 @@
 //! Layout of a run `<id>`:
 //! - `target/e2e/<id>/` (the *run dir*, kept): component logs, certificates,
 //!   kubeconfigs, generated configs; `nodes/<node>/` per node.
-//! - `/run/aws-dra-e2e/<id>/` (the *state dir*, removed on teardown): kubelet
-//!   root dirs, containerd root/state, sockets, CDI dirs. It is short on
-//!   purpose: unix socket paths (≤107 bytes) are built under it.
+//! - `/run/ad/<pid>/` (the *state dir*, removed on teardown), `<n>/` for the
+//!   n-th node: kubelet root dirs (`k/`), containerd root/state, sockets, CDI
+//!   dirs. It is short on purpose: unix socket paths (≤107 bytes) are built
+//!   under it (see `new_state_dir`).
 //!
 //! Everything listens on loopback or unix sockets, except that the kubelets
 //! serve on [`NODE_IP`], an address added to `lo` (the kubelet rejects a
@@ -250,9 +251,8 @@ impl LocalCluster {
         let run_dir = std::env::var_os("AWS_DRA_E2E_DIR")
             .map_or_else(|| repo_root().join("target/e2e"), PathBuf::from)
             .join(&id);
-        let state_dir = PathBuf::from("/run/aws-dra-e2e").join(&id);
         fs::create_dir_all(&run_dir).map_err(io("creating", &run_dir))?;
-        fs::create_dir_all(&state_dir).map_err(io("creating", &state_dir))?;
+        let state_dir = new_state_dir()?;
         let run_dir = run_dir.canonicalize().map_err(io("resolving", &run_dir))?;
         eprintln!("aws-dra-e2e: run {id}: logs in {}", run_dir.display());
 
@@ -554,7 +554,8 @@ impl LocalCluster {
         let plan = node::NodePlan {
             spec: spec.clone(),
             run_dir: node_run_dir,
-            state_dir: self.inner.state_dir.join(&spec.name),
+            // By index, not name: short (see `new_state_dir`).
+            state_dir: self.inner.state_dir.join(self.nodes.len().to_string()),
             cgroup_root: format!("{}/{}", self.inner.cgroup, spec.name),
             kubeconfig,
             serving,
@@ -885,6 +886,31 @@ impl PortAllocator {
             source: std::io::Error::other("kernel kept returning used ports"),
         })
     }
+}
+
+/// Root of the state dirs; see [`new_state_dir`].
+pub const STATE_ROOT: &str = "/run/ad";
+
+/// A new, empty `/run/ad/<pid in hex>[suffix]`. As short as it is because
+/// unix socket paths (≤ 107 bytes) are built under it: with a pod's UID in
+/// its name (the DaemonSet's seamless-upgrade naming), an EFA registration
+/// socket takes 86 bytes after the kubelet root dir, so the root may be 21
+/// bytes at most: `/run/ad/<pid>/<n>/k` is.
+fn new_state_dir() -> Result<PathBuf> {
+    let root = Path::new(STATE_ROOT);
+    fs::create_dir_all(root).map_err(io("creating", root))?;
+    let pid = format!("{:x}", std::process::id());
+    for suffix in ["", "a", "b", "c", "d", "e", "f", "g"] {
+        let dir = root.join(format!("{pid}{suffix}"));
+        match fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io("creating", &dir)(e)),
+        }
+    }
+    Err(Error::Host(format!(
+        "{STATE_ROOT}/{pid}* all exist: remove the state dirs of old runs"
+    )))
 }
 
 fn run_id() -> String {

@@ -32,6 +32,55 @@ pub struct ImageSpec {
     pub binary: PathBuf,
     /// Where it lives inside the image, e.g. `/probe`; also the entrypoint.
     pub entrypoint: String,
+    /// More files: `(source on this host, absolute path in the image)`,
+    /// e.g. more executables and the shared libraries they load.
+    pub files: Vec<(PathBuf, String)>,
+}
+
+/// The shared objects `binary` loads, as `ldd` resolves them on this host
+/// (the dynamic loader included), by the paths the binary will look them up
+/// under; empty for a static binary.
+pub fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = std::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(io("running ldd on", binary))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        // ldd says "not a dynamic executable" (exit 1) for static binaries.
+        let err = String::from_utf8_lossy(&out.stderr);
+        if text.contains("not a dynamic executable") || err.contains("not a dynamic executable") {
+            return Ok(Vec::new());
+        }
+        return Err(Error::Host(format!(
+            "ldd {} failed: {}",
+            binary.display(),
+            err.trim()
+        )));
+    }
+    parse_ldd(&text)
+}
+
+fn parse_ldd(text: &str) -> Result<Vec<PathBuf>> {
+    let mut libs = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.contains("not found") {
+            return Err(Error::Host(format!("a shared library is missing: {line}")));
+        }
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` or the loader
+        // `/lib64/ld-linux-x86-64.so.2 (0x…)`; the vDSO has no file.
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.trim(),
+            None => line,
+        };
+        let path = path.split(" (").next().unwrap_or("").trim();
+        if path.starts_with('/') {
+            libs.push(PathBuf::from(path));
+        }
+    }
+    libs.sort();
+    libs.dedup();
+    Ok(libs)
 }
 
 struct Blob {
@@ -101,6 +150,33 @@ pub fn archive_bytes(spec: &ImageSpec) -> Result<Vec<u8>> {
         tar_dir(&mut layer, dir)?;
     }
     tar_file(&mut layer, inside, 0o755, &binary)?;
+    let mut dirs = std::collections::BTreeSet::new();
+    let mut files = std::collections::BTreeMap::new();
+    for (source, target) in &spec.files {
+        let inside = target.trim_start_matches('/');
+        // Parents first (tar order), each once.
+        let mut parent = Path::new(inside).parent();
+        let mut chain = Vec::new();
+        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            chain.push(format!("{}/", p.display()));
+            parent = p.parent();
+        }
+        dirs.extend(chain);
+        // Follows symlinks: the image holds the file's content at this path.
+        files.insert(
+            inside.to_string(),
+            fs::read(source).map_err(io("reading", source))?,
+        );
+    }
+    for dir in dirs
+        .iter()
+        .filter(|d| !matches!(d.as_str(), "dev/" | "proc/" | "sys/" | "etc/" | "tmp/"))
+    {
+        tar_dir(&mut layer, dir)?;
+    }
+    for (inside, data) in &files {
+        tar_file(&mut layer, inside, 0o755, data)?;
+    }
     let layer = Blob::new(
         layer
             .into_inner()
@@ -205,8 +281,9 @@ mod tests {
         fs::write(&bin, b"\x7fELF fake binary").unwrap();
         let spec = ImageSpec {
             reference: "localhost/aws-dra-e2e/probe:v1".into(),
-            binary: bin,
+            binary: bin.clone(),
             entrypoint: "/probe".into(),
+            files: vec![(bin, "/usr/local/lib/x/libfake.so".into())],
         };
         let bytes = archive_bytes(&spec).unwrap();
         assert_eq!(bytes, archive_bytes(&spec).unwrap(), "deterministic");
@@ -243,5 +320,40 @@ mod tests {
         assert_eq!(config["config"]["Entrypoint"][0], "/probe");
         let layer_files = entries(&layer);
         assert_eq!(layer_files["probe"], b"\x7fELF fake binary");
+        assert_eq!(
+            layer_files["usr/local/lib/x/libfake.so"],
+            b"\x7fELF fake binary"
+        );
+        for dir in ["usr/", "usr/local/", "usr/local/lib/", "usr/local/lib/x/"] {
+            assert!(layer_files.contains_key(dir), "{dir} missing");
+        }
+    }
+
+    #[test]
+    fn ldd_output_gives_library_paths_and_the_loader() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+            \tlibgcc_s.so.1 => /lib/x86_64-linux-gnu/libgcc_s.so.1 (0x00007f1)\n\
+            \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f2)\n\
+            \t/lib64/ld-linux-x86-64.so.2 (0x00007f3)\n";
+        assert_eq!(
+            parse_ldd(text).unwrap(),
+            [
+                "/lib/x86_64-linux-gnu/libc.so.6",
+                "/lib/x86_64-linux-gnu/libgcc_s.so.1",
+                "/lib64/ld-linux-x86-64.so.2"
+            ]
+            .map(PathBuf::from)
+        );
+        assert!(parse_ldd("\tlibfoo.so => not found\n").is_err());
+    }
+
+    #[test]
+    fn this_test_binary_needs_libc() {
+        let exe = std::env::current_exe().unwrap();
+        let libs = shared_libraries(&exe).unwrap();
+        assert!(
+            libs.iter().any(|l| l.to_string_lossy().contains("libc.so")),
+            "{libs:?}"
+        );
     }
 }

@@ -17,6 +17,7 @@
 //! `imagePullPolicy: Never` with [`PAUSE_IMAGE`]/[`PROBE_IMAGE`] (no registry).
 
 mod cgroups;
+pub mod chart_testbed;
 pub mod charts;
 pub mod cluster;
 pub mod error;
@@ -30,6 +31,7 @@ pub mod scenarios;
 pub mod testbed;
 pub mod toolchain;
 
+pub use chart_testbed::{ChartHost, ChartTestbed, LocalChartHost};
 pub use cluster::{
     ClusterConfig, HostProcess, LocalCluster, NODE_IP, NodeSpec, TeardownReport,
     client_from_kubeconfig,

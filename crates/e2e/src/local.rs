@@ -134,7 +134,7 @@ pub fn driver_bin_dir(kinds: &[DriverKind]) -> Result<PathBuf> {
         .ok_or_else(|| missing(candidates.first().map_or(Path::new("."), |p| p)))
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0").map_err(|source| Error::NoFreePort {
         addr: std::net::IpAddr::from([127, 0, 0, 1]),
         source,

@@ -120,7 +120,8 @@ pub(crate) async fn start(
     timeout: Duration,
 ) -> Result<(LocalNode, NodeProcesses)> {
     let s = &plan.state_dir;
-    let kubelet_root = s.join("kubelet");
+    // One letter: socket paths are built under it (see `new_state_dir`).
+    let kubelet_root = s.join("k");
     let plugins_registry = kubelet_root.join("plugins_registry");
     let plugins = kubelet_root.join("plugins");
     let cdi = s.join("cdi");

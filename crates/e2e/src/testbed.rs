@@ -1,10 +1,10 @@
 //! What the scenarios need from a cluster, whatever brought it up.
 //!
 //! [`Testbed`] is the small seam between the shared scenarios
-//! ([`crate::scenarios`]) and cluster bring-up: the local cluster of real
-//! processes ([`crate::local::LocalTestbed`]) implements it here; a kind
-//! cluster (drivers as DaemonSet pods) would implement the same methods with
-//! `kubectl`/`docker exec` (not done: this machine has no Docker).
+//! ([`crate::scenarios`]) and cluster bring-up: drivers as host processes on
+//! the local cluster ([`crate::local::LocalTestbed`]), and drivers as pods of
+//! the charts' DaemonSets ([`crate::chart_testbed::ChartTestbed`]) on the
+//! local cluster or on kind.
 //!
 //! Everything else the scenarios do goes through the Kubernetes API with the
 //! admin client, so it is the same on any cluster.
@@ -151,4 +151,11 @@ pub trait Testbed: Send + Sync {
     fn adapt_pod(&self, pod: &mut serde_json::Value);
     /// Where component logs are, for failure messages.
     fn logs_hint(&self) -> String;
+    /// Whether a supervisor restarts a killed driver by itself (kubelet, for
+    /// a DaemonSet pod): then there is no window in which the driver stays
+    /// dead, and [`Testbed::start_driver`] after [`Testbed::kill_driver`]
+    /// waits for that restart instead of starting the driver.
+    fn restarts_crashed_drivers(&self) -> bool {
+        false
+    }
 }

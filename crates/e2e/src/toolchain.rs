@@ -341,6 +341,7 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
                     reference: reference.to_string(),
                     binary: layout.images.join(name),
                     entrypoint: format!("/{name}"),
+                    files: vec![],
                 },
                 &out,
             )?;

@@ -17,169 +17,26 @@
 //! of that first.
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use e2e::scenarios::{self, SCENARIOS};
-use e2e::{Figures, LocalOptions, LocalTestbed, Testbed};
-use libtest_mimic::{Arguments, Failed, Trial};
+use e2e::{DriverKind, LocalOptions, LocalTestbed, TeardownReport};
 
-struct Shared {
-    runtime: tokio::runtime::Runtime,
-    /// `None` until the first scenario starts it; `Err` when bring-up failed.
-    testbed: Mutex<Option<Result<Arc<LocalTestbed>, String>>>,
-    bring_up_ms: Mutex<u64>,
-}
+mod harness;
 
-impl Shared {
-    fn testbed(&self) -> Result<Arc<LocalTestbed>, Failed> {
-        let mut guard = self
-            .testbed
-            .lock()
-            .map_err(|_| Failed::from("state poisoned"))?;
-        if guard.is_none() {
-            let started = Instant::now();
-            let result = self
-                .runtime
-                .block_on(LocalTestbed::start(LocalOptions::default()))
-                .map(Arc::new)
-                .map_err(|e| format!("testbed bring-up failed: {e}"));
-            if let Ok(mut ms) = self.bring_up_ms.lock() {
-                *ms = started.elapsed().as_millis() as u64;
-            }
-            if let Ok(tb) = &result {
-                eprintln!(
-                    "aws-dra-e2e: testbed up in {:.1}s; KUBECONFIG={}",
-                    started.elapsed().as_secs_f64(),
-                    tb.admin_kubeconfig().display()
-                );
-            }
-            *guard = Some(result);
-        }
-        match guard.as_ref() {
-            Some(Ok(tb)) => Ok(tb.clone()),
-            Some(Err(e)) => Err(e.as_str().into()),
-            None => Err("testbed missing".into()),
-        }
+impl harness::Bed for LocalTestbed {
+    fn start_times(&self) -> Vec<(String, DriverKind, std::time::Duration)> {
+        LocalTestbed::start_times(self)
     }
-}
-
-fn figures(shared: &Shared, tb: &LocalTestbed) -> Figures {
-    let mut f = Figures {
-        bring_up_ms: shared.bring_up_ms.lock().map(|m| *m).unwrap_or(0),
-        ..Default::default()
-    };
-    for (node, kind, d) in tb.start_times() {
-        f.start_to_slices_ms
-            .push((node, kind.binary().to_string(), d.as_millis() as u64));
+    fn admin_kubeconfig(&self) -> std::path::PathBuf {
+        LocalTestbed::admin_kubeconfig(self).to_path_buf()
     }
-    for node in tb.nodes() {
-        for kind in &node.drivers {
-            if let Ok(text) = shared
-                .runtime
-                .block_on(tb.driver_metrics(&node.name, *kind))
-                && let Some((n, ms)) = scenarios::prepare_latency(&text)
-            {
-                f.prepare_latency
-                    .push((node.name.clone(), kind.binary().to_string(), n, ms));
-            }
-            if let Some(kib) = tb.driver_rss_kib(&node.name, *kind) {
-                f.rss_kib
-                    .push((node.name.clone(), kind.binary().to_string(), kib));
-            }
-        }
-    }
-    f
-}
-
-fn print_figures(f: &Figures) {
-    eprintln!("==> figures (measured, not asserted)");
-    eprintln!("    testbed bring-up: {} ms", f.bring_up_ms);
-    for (node, driver, ms) in &f.start_to_slices_ms {
-        eprintln!("    start → slices visible  {node:<5} {driver:<16} {ms:>6} ms");
-    }
-    for (node, driver, n, ms) in &f.prepare_latency {
-        eprintln!("    prepare latency         {node:<5} {driver:<16} {ms:>8.1} ms mean over {n}");
-    }
-    for (node, driver, kib) in &f.rss_kib {
-        eprintln!(
-            "    RSS after the run       {node:<5} {driver:<16} {:>8.1} MiB",
-            *kib as f64 / 1024.0
-        );
+    fn shutdown(self) -> TeardownReport {
+        LocalTestbed::shutdown(self)
     }
 }
 
 fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("e2e=info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
-    let mut args = Arguments::from_args();
-    // One cluster, scenarios in order.
-    args.test_threads = Some(1);
-    let shared = Arc::new(Shared {
-        runtime: match tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-        {
-            Ok(rt) => rt,
-            Err(e) => {
-                eprintln!("tokio runtime: {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        testbed: Mutex::new(None),
-        bring_up_ms: Mutex::new(0),
-    });
-    let trials: Vec<Trial> = SCENARIOS
-        .iter()
-        .map(|name| {
-            let shared = shared.clone();
-            Trial::test(*name, move || {
-                let tb = shared.testbed()?;
-                let started = Instant::now();
-                let result = shared.runtime.block_on(scenarios::run(tb.as_ref(), name));
-                eprintln!(
-                    "aws-dra-e2e: {name} took {:.1}s",
-                    started.elapsed().as_secs_f64()
-                );
-                result.map_err(|e| Failed::from(format!("{e:#}")))
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-
-    let taken = shared.testbed.lock().ok().and_then(|mut g| g.take());
-    if let Some(Ok(tb)) = taken {
-        let f = figures(&shared, &tb);
-        print_figures(&f);
-        if let Some(path) = std::env::var_os("AWS_DRA_E2E_FIGURES")
-            && let Ok(json) = serde_json::to_string_pretty(&f)
-            && let Err(e) = std::fs::write(&path, json)
-        {
-            eprintln!("writing figures to {}: {e}", path.to_string_lossy());
-        }
-        if std::env::var_os("AWS_DRA_E2E_KEEP").is_some() {
-            eprintln!(
-                "==> AWS_DRA_E2E_KEEP: cluster left running; KUBECONFIG={}; Ctrl-C tears it down",
-                tb.admin_kubeconfig().display()
-            );
-            shared.runtime.block_on(std::future::pending::<()>());
-        }
-        match Arc::try_unwrap(tb) {
-            Ok(tb) => {
-                let report = tb.shutdown();
-                if !report.is_clean() {
-                    eprintln!("teardown left {report:?}");
-                    return ExitCode::FAILURE;
-                }
-            }
-            Err(_) => eprintln!("testbed still referenced; dropped at exit"),
-        }
-    }
-    conclusion.exit_code()
+    harness::main::<LocalTestbed>(
+        Box::new(|| Box::pin(LocalTestbed::start(LocalOptions::default()))),
+        "AWS_DRA_E2E_FIGURES",
+    )
 }
