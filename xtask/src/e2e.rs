@@ -7,13 +7,18 @@
 //! cluster proof test and the scenarios on one local cluster of real
 //! components (docs/e2e.md). It prints, without asserting, the figures we
 //! track: build times, driver start → slices visible, prepare latency and
-//! driver RSS. `--keep` runs only the scenarios and leaves their cluster up
-//! until Ctrl-C. `kind` (the default) needs Docker and stops at once
-//! without it, naming `--cluster local`.
+//! driver RSS. `--keep` runs only the scenarios (host-process testbed) and
+//! leaves their cluster up until Ctrl-C. The local run has two testbeds: the
+//! drivers as host processes (`tests/scenarios.rs`) and the drivers installed
+//! by `helm upgrade --install` of the charts, as DaemonSet pods
+//! (`tests/scenarios_chart.rs`).
 //!
-//! Limits: the kind bring-up works up to installing the charts, but no
-//! `Testbed` for kind exists yet (driver restarts there are pod deletions,
-//! files are read with `docker exec`), so the scenarios do not run on kind.
+//! `kind` (the default) needs Docker and kind and stops at once without
+//! them, naming `--cluster local`: it builds the same prerequisites, brings
+//! up the kind cluster of `xtask/src/kind.rs`, and runs the same scenarios
+//! there with the chart-installed testbed (`tests/scenarios_kind.rs`);
+//! `--keep` leaves the cluster, else it is deleted. This machine has no
+//! Docker engine: the kind path has not run here (see `kind.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,10 +60,7 @@ pub fn run(args: E2eArgs) -> Result<()> {
     let root = crate::charts::repo_root();
     let work = root.join(&args.work_dir);
     match args.cluster {
-        ClusterKind::Kind => {
-            let kubeconfig = crate::kind::bring_up(&root, &work)?;
-            run_scenarios(&kubeconfig)
-        }
+        ClusterKind::Kind => run_kind(&root, &work, &args),
         ClusterKind::Local => run_local(&root, &work, &args),
     }
 }
@@ -151,11 +153,14 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let figures = work.join("figures.json");
     let _ = std::fs::remove_file(&figures);
+    let chart_figures = work.join("figures-chart.json");
+    let _ = std::fs::remove_file(&chart_figures);
     let mut test = Command::new("cargo");
     test.current_dir(root)
         .args(["test", "--locked", "-p", "e2e"])
         .env("AWS_DRA_BIN_DIR", &bin_dir)
         .env("AWS_DRA_E2E_FIGURES", &figures)
+        .env("AWS_DRA_E2E_CHART_FIGURES", &chart_figures)
         .env("AWS_DRA_K8S_VERSION", &args.k8s_version);
     if args.keep {
         test.args(["--test", "scenarios"])
@@ -168,12 +173,18 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     eprintln!("==> e2e figures (measured, not asserted)");
     eprintln!("    prerequisites (build; warm when cached): {build_s:.1}s");
     eprintln!("    cargo test -p e2e: {test_s:.1}s");
-    match std::fs::read_to_string(&figures) {
-        Ok(text) => match serde_json::from_str::<e2e::Figures>(&text) {
-            Ok(f) => print_figures(&f),
-            Err(e) => eprintln!("    {} unreadable: {e}", figures.display()),
-        },
-        Err(_) => eprintln!("    (no figures: the scenarios did not run)"),
+    for (label, file) in [
+        ("drivers as host processes", &figures),
+        ("drivers from the charts, as DaemonSet pods", &chart_figures),
+    ] {
+        eprintln!("  {label}:");
+        match std::fs::read_to_string(file) {
+            Ok(text) => match serde_json::from_str::<e2e::Figures>(&text) {
+                Ok(f) => print_figures(&f),
+                Err(e) => eprintln!("    {} unreadable: {e}", file.display()),
+            },
+            Err(_) => eprintln!("    (no figures: the scenarios did not run)"),
+        }
     }
     if !status.success() {
         bail!("end-to-end tests failed ({status}); component logs are under target/e2e/<run>/");
@@ -200,13 +211,33 @@ pub fn print_figures(f: &e2e::Figures) {
     }
 }
 
-/// The shared scenarios on kind: not available (see the module docs).
-fn run_scenarios(kubeconfig: &Path) -> Result<()> {
-    bail!(
-        "the kind cluster is up (KUBECONFIG={}), but the scenarios need a kind `Testbed` \
-         (crates/e2e/src/testbed.rs), which does not exist yet; run them with --cluster local",
-        kubeconfig.display()
-    )
+/// The shared scenarios on kind (see the module docs).
+fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
+    // Before any build: a machine without Docker learns it at once.
+    crate::kind::check_tools()?;
+    let bin_dir = build_prerequisites(root, true, &args.k8s_version)?;
+    let version = e2e::KubernetesVersion::parse(&args.k8s_version)?;
+    let probe = e2e::Binaries::locate(&version)?.probe_image;
+    let kubeconfig = crate::kind::bring_up(root, work, &bin_dir, &probe)?;
+    let figures = work.join("figures-kind.json");
+    let _ = std::fs::remove_file(&figures);
+    let result = crate::kind::run_scenarios(root, &kubeconfig, work, &figures);
+    if let Ok(text) = std::fs::read_to_string(&figures)
+        && let Ok(f) = serde_json::from_str::<e2e::Figures>(&text)
+    {
+        eprintln!("==> e2e(kind) figures (measured, not asserted)");
+        print_figures(&f);
+    }
+    if args.keep {
+        eprintln!(
+            "==> e2e(kind): cluster {} left running; KUBECONFIG={}",
+            crate::kind::CLUSTER_NAME,
+            kubeconfig.display()
+        );
+    } else {
+        crate::kind::delete()?;
+    }
+    result
 }
 
 #[cfg(test)]

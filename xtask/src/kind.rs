@@ -1,47 +1,55 @@
 //! `cargo xtask e2e --cluster kind`: the end-to-end suite on a kind cluster.
 //!
-//! Generates the kind cluster config (CDI on in containerd, one p5-like and
-//! one trn2-like worker, each with its fixture hardware tree mounted at the
-//! same path [`FIXTURE_MOUNT`] and labelled with its instance type so the
-//! charts' node affinity applies unchanged) and the Helm values that point
-//! both drivers at the fixtures. Bring-up needs Docker and `kind`; without a
-//! Docker engine it stops at once and names `--cluster local`.
+//! Generates the kind cluster config (CDI on in containerd; one worker per
+//! role of `e2e::kind_host::roles`, p5, trn2 and trn1, each labelled with its
+//! instance type, so the charts' node affinity applies unchanged, and with
+//! its role, `e2e.aws-dra.dev/node=<role>`, since kind generates node names;
+//! each with its fixture hardware tree mounted at [`FIXTURE_MOUNT`]), brings
+//! the cluster up, builds the Dockerfile's image and loads it with the
+//! suite's own images (the probe the example pods run, and one with
+//! `gpu-test-driver`), then runs the shared scenarios there
+//! (`cargo test -p e2e --test scenarios_kind`): the scenarios' testbed
+//! installs both charts with [`helm_values`] (one release per chart) and
+//! drives the DaemonSets as on the local cluster (`tests/scenarios_chart.rs`).
+//! Without a Docker engine it stops at once and names `--cluster local`.
 //!
-//! Limits: this machine has no Docker engine, so only the generated config
-//! and values are tested here (unit tests, and `cargo xtask charts check`
-//! renders both charts with these values); the bring-up path itself has not
-//! run yet.
+//! Limits: this machine has no Docker engine, so the bring-up here and the
+//! kind run of the scenarios have not run; what can be checked is: the
+//! generated config and values (unit tests; `cargo xtask charts check`
+//! renders both charts with [`helm_values`]), the `docker exec` plumbing of
+//! the kind host (its unit tests), and the scenarios and chart-installed
+//! testbed themselves on the local cluster.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use e2e::DriverKind;
+use e2e::chart_testbed::{ROLE_LABEL, release_name, release_values};
 use serde_json::{Value, json};
 
 use crate::charts::ChartSpec;
 
-/// Where each kind node sees its own fixture tree (`sys/`, `dev/`).
-pub const FIXTURE_MOUNT: &str = "/opt/aws-dra/fixture";
-/// Image name loaded into the kind nodes (never pulled).
-pub const IMAGE_REPOSITORY: &str = "aws-dra-drivers";
-pub const IMAGE_TAG: &str = "e2e";
-pub const CLUSTER_NAME: &str = "aws-dra-e2e";
+pub use e2e::kind_host::{CLUSTER_NAME, FIXTURE_MOUNT, IMAGE_REPOSITORY, IMAGE_TAG};
 
-/// A worker node: the instance type it pretends to be and its fixture tree.
+/// A worker node: its role, the instance type it pretends to be, its fixture tree.
 #[derive(Debug, Clone)]
 pub struct FixtureNode {
-    pub instance_type: &'static str,
-    /// Host directory holding `sys/` and `dev/` (from `cargo xtask fixtures`).
+    pub role: String,
+    pub instance_type: String,
+    /// Host directory holding `sys/` and `dev/`.
     pub fixture_dir: PathBuf,
 }
 
-/// The two workers of the e2e: one GPU+EFA node, one Neuron+EFA node.
+/// The workers of the e2e: the roles the scenarios use.
 pub fn default_nodes(fixtures_root: &Path) -> Vec<FixtureNode> {
-    ["p5.48xlarge", "trn2.48xlarge"]
+    e2e::kind_host::roles()
         .into_iter()
-        .map(|t| FixtureNode {
-            instance_type: t,
-            fixture_dir: fixtures_root.join(t),
+        .map(|(role, instance_type, _)| FixtureNode {
+            fixture_dir: fixtures_root.join(&role),
+            role,
+            instance_type,
         })
         .collect()
 }
@@ -60,7 +68,7 @@ pub fn cluster_config(nodes: &[FixtureNode]) -> Result<String> {
             // charts' instance-type affinity selects these nodes as on EKS.
             "labels": {
                 "node.kubernetes.io/instance-type": n.instance_type,
-                "aws-dra.dev/fixture": "true",
+                ROLE_LABEL: n.role,
             },
             "extraMounts": [{
                 "hostPath": dir,
@@ -85,22 +93,28 @@ pub fn cluster_config(nodes: &[FixtureNode]) -> Result<String> {
     to_yaml(&config)
 }
 
-/// Helm values for one driver chart on the kind cluster.
-pub fn helm_values(_spec: &ChartSpec) -> Result<String> {
-    let values = json!({
-        "image": {
-            "repository": IMAGE_REPOSITORY,
-            "tag": IMAGE_TAG,
-            // Loaded with `kind load`, never pulled.
-            "pullPolicy": "Never",
-        },
-        "logFormat": "text",
-        "logLevel": "info,dra_core=debug",
-        "hostPaths": {
-            "sysfsRoot": format!("{FIXTURE_MOUNT}/sys"),
-            "devRoot": format!("{FIXTURE_MOUNT}/dev"),
-        },
-    });
+/// The driver a chart deploys.
+pub fn driver_kind(spec: &ChartSpec) -> Result<DriverKind> {
+    DriverKind::ALL
+        .into_iter()
+        .find(|k| k.driver_name() == spec.driver)
+        .with_context(|| format!("no driver named {}", spec.driver))
+}
+
+/// Helm values for one driver chart on the kind cluster: exactly what the
+/// scenarios' testbed installs there (`e2e::chart_testbed::release_values`
+/// with the kind host's deployment and paths).
+pub fn helm_values(spec: &ChartSpec) -> Result<String> {
+    let kind = driver_kind(spec)?;
+    let values = release_values(
+        &e2e::kind_host::deployment(),
+        kind,
+        &release_name(kind, None),
+        None,
+        &e2e::kind_host::host_paths(),
+        true,
+        8080,
+    );
     to_yaml(&values)
 }
 
@@ -134,9 +148,8 @@ fn run_step(what: &str, cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// Brings up the kind cluster with both charts installed on fixture nodes.
-/// Returns the kubeconfig path for the scenarios.
-pub fn bring_up(root: &Path, work: &Path) -> Result<PathBuf> {
+/// Stops with the message of a machine without Docker or kind.
+pub fn check_tools() -> Result<()> {
     if let Some(why) = docker_unavailable() {
         bail!(
             "cargo xtask e2e --cluster kind needs Docker, but {why}.\n\
@@ -149,17 +162,25 @@ pub fn bring_up(root: &Path, work: &Path) -> Result<PathBuf> {
             "`kind` is not on PATH (go install sigs.k8s.io/kind@v0.30.0), or use --cluster local"
         );
     }
+    Ok(())
+}
+
+/// Brings up the kind cluster of [`default_nodes`] with the images loaded
+/// (the charts are installed by the scenarios' testbed). `bin_dir` holds the
+/// three driver binaries, `probe_archive` the probe image. Returns the
+/// kubeconfig path.
+pub fn bring_up(root: &Path, work: &Path, bin_dir: &Path, probe_archive: &Path) -> Result<PathBuf> {
+    check_tools()?;
     std::fs::create_dir_all(work)?;
     let fixtures = work.join("fixtures");
     let nodes = default_nodes(&fixtures);
     for n in &nodes {
-        run_step(
-            &format!("fixtures for {}", n.instance_type),
-            Command::new("cargo")
-                .current_dir(root)
-                .args(["xtask", "fixtures", n.instance_type])
-                .arg(&n.fixture_dir),
-        )?;
+        if n.fixture_dir.exists() {
+            std::fs::remove_dir_all(&n.fixture_dir)
+                .with_context(|| format!("removing {}", n.fixture_dir.display()))?;
+        }
+        sysfs_fixtures::generate(&n.instance_type, &n.fixture_dir)
+            .with_context(|| format!("fixture for {} ({})", n.role, n.instance_type))?;
     }
     let config = work.join("kind-config.yaml");
     std::fs::write(&config, cluster_config(&nodes)?)?;
@@ -183,35 +204,53 @@ pub fn bring_up(root: &Path, work: &Path) -> Result<PathBuf> {
         "kind load docker-image",
         Command::new("kind").args(["load", "docker-image", &image, "--name", CLUSTER_NAME]),
     )?;
-    let helm = crate::helm::ensure(root)?;
-    for spec in crate::charts::CHARTS {
-        crate::charts::build_dependencies(&helm, root, spec)?;
-        let values = work.join(format!("{}-values.yaml", spec.name));
-        std::fs::write(&values, helm_values(spec)?)?;
-        let kc = kubeconfig
-            .to_str()
-            .context("kubeconfig path is not UTF-8")?;
-        let chart = root.join("charts").join(spec.name);
-        let args = [
-            "upgrade",
-            "--install",
-            spec.name,
-            chart.to_str().context("chart path is not UTF-8")?,
-            "--namespace",
-            "aws-dra",
-            "--create-namespace",
-            "--kubeconfig",
-            kc,
-            "-f",
-            values.to_str().context("values path is not UTF-8")?,
-            "--wait",
-            "--timeout",
-            "5m",
-        ];
-        eprintln!("==> e2e(kind): helm {}", args.join(" "));
-        helm.output(&args)?;
+    let drivers_archive = work.join("drivers.oci.tar");
+    e2e::image::write_archive(
+        &e2e::chart_testbed::driver_image_spec(bin_dir)?,
+        &drivers_archive,
+    )?;
+    for archive in [&drivers_archive, &probe_archive.to_path_buf()] {
+        run_step(
+            &format!("kind load image-archive {}", archive.display()),
+            Command::new("kind")
+                .args(["load", "image-archive"])
+                .arg(archive)
+                .args(["--name", CLUSTER_NAME]),
+        )?;
     }
     Ok(kubeconfig)
+}
+
+/// Runs the shared scenarios on the cluster (`cargo test -p e2e --test
+/// scenarios_kind`); figures to `figures`.
+pub fn run_scenarios(root: &Path, kubeconfig: &Path, work: &Path, figures: &Path) -> Result<()> {
+    let started = Instant::now();
+    let status = Command::new("cargo")
+        .current_dir(root)
+        .args(["test", "--locked", "-p", "e2e", "--test", "scenarios_kind"])
+        .env("AWS_DRA_KIND_KUBECONFIG", kubeconfig)
+        .env("AWS_DRA_KIND_WORK", work.join("testbed"))
+        .env("AWS_DRA_E2E_FIGURES", figures)
+        .status()
+        .context("running cargo test -p e2e --test scenarios_kind")?;
+    eprintln!(
+        "==> e2e(kind): scenarios took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    if !status.success() {
+        bail!(
+            "the scenarios failed on kind ({status}); node logs: kind export logs --name {CLUSTER_NAME}"
+        );
+    }
+    Ok(())
+}
+
+/// `kind delete cluster`.
+pub fn delete() -> Result<()> {
+    run_step(
+        "kind delete cluster",
+        Command::new("kind").args(["delete", "cluster", "--name", CLUSTER_NAME]),
+    )
 }
 
 #[cfg(test)]
@@ -223,7 +262,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_config_has_cdi_and_one_fixture_per_worker() {
+    fn cluster_config_has_cdi_and_one_fixture_per_role() {
         let yaml = cluster_config(&nodes()).unwrap();
         let cfg: Value = serde_saphyr::from_str(&yaml).unwrap();
         assert_eq!(cfg["apiVersion"], "kind.x-k8s.io/v1alpha4");
@@ -236,17 +275,20 @@ mod tests {
         assert!(patch.contains("enable_cdi = true"), "{patch}");
         assert!(patch.contains("\"/var/run/cdi\""), "{patch}");
         let nodes = cfg["nodes"].as_array().unwrap();
-        assert_eq!(nodes.len(), 3);
+        assert_eq!(nodes.len(), 4);
         assert_eq!(nodes[0]["role"], "control-plane");
         assert!(nodes[0]["extraMounts"].is_null());
-        for (node, (ty, dir)) in nodes[1..].iter().zip([
-            ("p5.48xlarge", "/work/.e2e/fixtures/p5.48xlarge"),
-            ("trn2.48xlarge", "/work/.e2e/fixtures/trn2.48xlarge"),
+        for (node, (role, ty)) in nodes[1..].iter().zip([
+            ("p5", "p5.48xlarge"),
+            ("trn2", "trn2.48xlarge"),
+            ("trn1", "trn1.32xlarge"),
         ]) {
             assert_eq!(node["role"], "worker");
             assert_eq!(node["labels"]["node.kubernetes.io/instance-type"], ty);
+            // The scenarios find kind's generated node names by this label.
+            assert_eq!(node["labels"]["e2e.aws-dra.dev/node"], role);
             let m = &node["extraMounts"][0];
-            assert_eq!(m["hostPath"], dir);
+            assert_eq!(m["hostPath"], format!("/work/.e2e/fixtures/{role}"));
             assert_eq!(m["containerPath"], FIXTURE_MOUNT);
             assert_eq!(m["readOnly"], true);
         }
@@ -256,21 +298,29 @@ mod tests {
     fn the_labelled_instance_types_are_in_the_charts_default_affinity() {
         // Otherwise the DaemonSets would not schedule on the kind workers.
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for (chart, ty) in [
-            ("efa-dra-driver", "p5.48xlarge"),
-            ("efa-dra-driver", "trn2.48xlarge"),
-            ("neuron-dra-driver", "trn2.48xlarge"),
-        ] {
-            let values: Value = serde_saphyr::from_str(
-                &std::fs::read_to_string(root.join("charts").join(chart).join("values.yaml"))
-                    .unwrap(),
-            )
-            .unwrap();
-            let types = values["nodeAffinity"]["instanceTypes"].as_array().unwrap();
-            assert!(
-                types.iter().any(|t| t == ty),
-                "{chart} does not select {ty}"
-            );
+        for n in nodes() {
+            for (chart, kind) in [
+                ("efa-dra-driver", DriverKind::Efa),
+                ("neuron-dra-driver", DriverKind::Neuron),
+            ] {
+                let runs = e2e::kind_host::roles()
+                    .iter()
+                    .any(|(r, _, d)| *r == n.role && d.contains(&kind));
+                if !runs {
+                    continue;
+                }
+                let values: Value = serde_saphyr::from_str(
+                    &std::fs::read_to_string(root.join("charts").join(chart).join("values.yaml"))
+                        .unwrap(),
+                )
+                .unwrap();
+                let types = values["nodeAffinity"]["instanceTypes"].as_array().unwrap();
+                assert!(
+                    types.iter().any(|t| t == n.instance_type.as_str()),
+                    "{chart} does not select {}",
+                    n.instance_type
+                );
+            }
         }
     }
 
@@ -280,8 +330,16 @@ mod tests {
             let v: Value = serde_saphyr::from_str(&helm_values(spec).unwrap()).unwrap();
             assert_eq!(v["hostPaths"]["sysfsRoot"], "/opt/aws-dra/fixture/sys");
             assert_eq!(v["hostPaths"]["devRoot"], "/opt/aws-dra/fixture/dev");
+            assert_eq!(v["hostPaths"]["kubeletRoot"], "/var/lib/kubelet");
             assert_eq!(v["image"]["pullPolicy"], "Never");
             assert_eq!(v["image"]["repository"], IMAGE_REPOSITORY);
+            assert_eq!(v["hostNetwork"], false);
+            let kind = driver_kind(spec).unwrap();
+            assert_eq!(
+                v["nodeSelector"][format!("e2e.aws-dra.dev/{}", kind.binary())],
+                "run"
+            );
+            assert_eq!(v["serviceAccount"]["name"], kind.service_account().1);
             // Every key must exist in the chart's values.yaml (the schema
             // refuses unknown keys; `charts check` renders with these too).
             let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -292,14 +350,17 @@ mod tests {
             .unwrap();
             for (k, sub) in v.as_object().unwrap() {
                 assert!(
-                    !defaults[k].is_null(),
+                    defaults.get(k).is_some(),
                     "{k} is not a value of {}",
                     spec.name
                 );
-                if let Some(sub) = sub.as_object() {
+                if let (Some(sub), Some(d)) = (sub.as_object(), defaults[k].as_object())
+                    && k != "nodeSelector"
+                    && k != "podLabels"
+                {
                     for k2 in sub.keys() {
                         assert!(
-                            !defaults[k][k2].is_null(),
+                            d.contains_key(k2),
                             "{k}.{k2} is not a value of {}",
                             spec.name
                         );
@@ -315,9 +376,14 @@ mod tests {
             // A machine with Docker cannot show this path; the bring-up runs there.
             return;
         }
-        let err = bring_up(Path::new("."), Path::new("/nonexistent/aws-dra-e2e"))
-            .unwrap_err()
-            .to_string();
+        let err = bring_up(
+            Path::new("."),
+            Path::new("/nonexistent/aws-dra-e2e"),
+            Path::new("/nonexistent/bin"),
+            Path::new("/nonexistent/probe.oci.tar"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("--cluster local"), "{err}");
         assert!(!Path::new("/nonexistent/aws-dra-e2e").exists());
     }

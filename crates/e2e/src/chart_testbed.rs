@@ -64,17 +64,24 @@ pub fn run_label(kind: DriverKind) -> String {
     format!("{RUN_LABEL_PREFIX}{}", kind.binary())
 }
 
-/// Where a node keeps what the drivers use, as the node itself sees it.
+/// Where a node keeps what the drivers use, as the node itself sees it
+/// (the charts' `hostPaths`).
+#[derive(Debug, Clone)]
+pub struct HostPaths {
+    pub kubelet_root: String,
+    pub cdi_root: String,
+    pub sysfs_root: String,
+    pub dev_root: String,
+}
+
+/// A node of the testbed as its host knows it.
 #[derive(Debug, Clone)]
 pub struct NodeLayout {
     /// The Kubernetes Node name.
     pub node_name: String,
     /// The fixture hardware (for the expected device counts).
     pub fixture: Fixture,
-    pub kubelet_root: String,
-    pub cdi_root: String,
-    pub sysfs_root: String,
-    pub dev_root: String,
+    pub paths: HostPaths,
 }
 
 /// How the DaemonSets are deployed on a host's cluster.
@@ -180,21 +187,33 @@ fn short_name(kind: DriverKind) -> &'static str {
     }
 }
 
+/// The release (and DaemonSet) name for `kind`: `efa`, `neuron`, `gpu-test`,
+/// with `-<node>` for a per-node release.
+pub fn release_name(kind: DriverKind, node: Option<&str>) -> String {
+    match node {
+        Some(n) => format!("{}-{n}", short_name(kind)),
+        None => short_name(kind).to_string(),
+    }
+}
+
 /// The chart values of one release.
+///
+/// `pin`: the node a per-node release is for; `primary`: the first release
+/// of the chart, which also installs its cluster-wide objects (DeviceClass,
+/// ServiceAccount, RBAC, admission policy).
 pub fn release_values(
     deployment: &Deployment,
     kind: DriverKind,
     release: &str,
-    layout: Option<&NodeLayout>,
-    default_paths: &NodeLayout,
+    pin: Option<&str>,
+    paths: &HostPaths,
     primary: bool,
     metrics_port: u16,
 ) -> Value {
-    let paths = layout.unwrap_or(default_paths);
     let mut selector = serde_json::Map::new();
     selector.insert(run_label(kind), json!("run"));
-    if let Some(l) = layout {
-        selector.insert("kubernetes.io/hostname".into(), json!(l.node_name));
+    if let Some(node) = pin {
+        selector.insert("kubernetes.io/hostname".into(), json!(node));
     }
     let env: Vec<Value> = deployment
         .extra_env
@@ -241,15 +260,14 @@ pub fn release_values(
 pub fn gpu_test_daemonset(
     deployment: &Deployment,
     name: &str,
-    layout: Option<&NodeLayout>,
-    default_paths: &NodeLayout,
+    pin: Option<&str>,
+    paths: &HostPaths,
     metrics_port: u16,
 ) -> Value {
-    let paths = layout.unwrap_or(default_paths);
     let mut selector = serde_json::Map::new();
     selector.insert(run_label(DriverKind::GpuTest), json!("run"));
-    if let Some(l) = layout {
-        selector.insert("kubernetes.io/hostname".into(), json!(l.node_name));
+    if let Some(node) = pin {
+        selector.insert("kubernetes.io/hostname".into(), json!(node));
     }
     let registrar = format!("{}/plugins_registry", paths.kubelet_root);
     let plugin_dir = format!(
@@ -460,6 +478,7 @@ impl<H: ChartHost> ChartTestbed<H> {
         Self::lock(&self.nodes)?.push(TbNode {
             info: NodeInfo {
                 name: name.to_string(),
+                node_name: layout.node_name.clone(),
                 fixture: layout.fixture.clone(),
                 drivers: drivers.to_vec(),
             },
@@ -486,11 +505,7 @@ impl<H: ChartHost> ChartTestbed<H> {
                 return Ok(());
             }
             let primary = !units.iter().any(|u| u.kind == kind);
-            let release = if per_node {
-                format!("{}-{}", short_name(kind), layout.node_name)
-            } else {
-                short_name(kind).to_string()
-            };
+            let release = release_name(kind, per_node.then_some(layout.node_name.as_str()));
             (primary, release)
         };
         let metrics_port = if self.deployment.unique_metrics_ports {
@@ -498,15 +513,15 @@ impl<H: ChartHost> ChartTestbed<H> {
         } else {
             8080
         };
-        let node_layout = per_node.then_some(layout);
+        let pin = per_node.then_some(layout.node_name.as_str());
         match kind.chart() {
             Some(chart) => {
                 let values = release_values(
                     &self.deployment,
                     kind,
                     &release,
-                    node_layout,
-                    layout,
+                    pin,
+                    &layout.paths,
                     primary,
                     metrics_port,
                 );
@@ -516,8 +531,8 @@ impl<H: ChartHost> ChartTestbed<H> {
                 let ds = gpu_test_daemonset(
                     &self.deployment,
                     &release,
-                    node_layout,
-                    layout,
+                    pin,
+                    &layout.paths,
                     metrics_port,
                 );
                 manifests::apply(&self.client, &ds, None).await?;
@@ -880,7 +895,7 @@ impl<H: ChartHost> Testbed for ChartTestbed<H> {
 
     fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>> {
         let l = self.layout(node)?;
-        let mut names = self.host.list_dir(&l.node_name, &l.cdi_root)?;
+        let mut names = self.host.list_dir(&l.node_name, &l.paths.cdi_root)?;
         names.sort();
         Ok(names)
     }
@@ -893,7 +908,7 @@ impl<H: ChartHost> Testbed for ChartTestbed<H> {
         let l = self.layout(node)?;
         let path = format!(
             "{}/plugins/{}/checkpoint.json",
-            l.kubelet_root,
+            l.paths.kubelet_root,
             kind.driver_name()
         );
         match self.host.read_file(&l.node_name, &path)? {
@@ -949,6 +964,22 @@ pub fn driver_image_spec(bin_dir: &Path) -> Result<crate::image::ImageSpec> {
     })
 }
 
+/// The Kubernetes name of the local node the scenarios call `role`: not the
+/// role itself, so that a scenario that confuses the two fails here as it
+/// would on kind, whose node names are generated.
+pub fn local_node_name(role: &str) -> String {
+    format!("chart-{role}")
+}
+
+/// Label naming a node's role (`p5`, `trn2`, `trn1`) on every testbed node.
+pub const ROLE_LABEL: &str = "e2e.aws-dra.dev/node";
+
+fn node_spec(role: &str, instance_type: &str) -> NodeSpec {
+    NodeSpec::new(&local_node_name(role))
+        .label("node.kubernetes.io/instance-type", instance_type)
+        .label(ROLE_LABEL, role)
+}
+
 /// [`ChartHost`] on a [`LocalCluster`].
 pub struct LocalChartHost {
     cluster: tokio::sync::Mutex<LocalCluster>,
@@ -966,10 +997,7 @@ impl LocalChartHost {
     /// loads the driver image (binaries from `bin_dir`) into every node.
     pub async fn start(nodes: &[(String, String)], bin_dir: &Path) -> Result<Self> {
         let mut config = ClusterConfig::with_nodes(&[]);
-        config.nodes = nodes
-            .iter()
-            .map(|(n, t)| NodeSpec::new(n).label("node.kubernetes.io/instance-type", t))
-            .collect();
+        config.nodes = nodes.iter().map(|(n, t)| node_spec(n, t)).collect();
         let cluster = LocalCluster::start(config).await?;
         let client = cluster.client()?;
         let run_dir = cluster.run_dir().to_path_buf();
@@ -993,7 +1021,7 @@ impl LocalChartHost {
             handle: tokio::runtime::Handle::current(),
         };
         for (n, _) in nodes {
-            host.import_image(n).await?;
+            host.import_image(&local_node_name(n)).await?;
         }
         Ok(host)
     }
@@ -1086,18 +1114,17 @@ impl ChartHost for LocalChartHost {
     }
 
     async fn node(&self, name: &str, instance_type: &str) -> Result<NodeLayout> {
-        let exists = self.cluster.lock().await.node(name).is_some();
+        let k8s_name = local_node_name(name);
+        let exists = self.cluster.lock().await.node(&k8s_name).is_some();
         if !exists {
             self.cluster
                 .lock()
                 .await
-                .add_node_now(
-                    &NodeSpec::new(name).label("node.kubernetes.io/instance-type", instance_type),
-                )
+                .add_node_now(&node_spec(name, instance_type))
                 .await?;
-            self.import_image(name).await?;
+            self.import_image(&k8s_name).await?;
         }
-        let n = self.local_node(name).await?;
+        let n = self.local_node(&k8s_name).await?;
         let fixture_dir = n.run_dir.join("fixture");
         if fixture_dir.exists() {
             std::fs::remove_dir_all(&fixture_dir).map_err(io("removing", &fixture_dir))?;
@@ -1105,10 +1132,12 @@ impl ChartHost for LocalChartHost {
         let fixture = sysfs_fixtures::generate(instance_type, &fixture_dir)?;
         Ok(NodeLayout {
             node_name: n.name.clone(),
-            kubelet_root: n.kubelet_root_dir.display().to_string(),
-            cdi_root: n.cdi_dir.display().to_string(),
-            sysfs_root: fixture.sys.display().to_string(),
-            dev_root: fixture.dev.display().to_string(),
+            paths: HostPaths {
+                kubelet_root: n.kubelet_root_dir.display().to_string(),
+                cdi_root: n.cdi_dir.display().to_string(),
+                sysfs_root: fixture.sys.display().to_string(),
+                dev_root: fixture.dev.display().to_string(),
+            },
             fixture,
         })
     }
@@ -1191,5 +1220,19 @@ impl ChartTestbed<LocalChartHost> {
     /// Uninstalls nothing (the cluster goes away whole) and stops the cluster.
     pub fn shutdown(self) -> TeardownReport {
         self.host.shutdown()
+    }
+}
+
+impl ChartTestbed<crate::kind_host::KindHost> {
+    /// The scenarios' testbed on a kind cluster that is already up (see
+    /// [`crate::kind_host`]): installs the charts and starts the drivers on
+    /// the nodes labelled with the roles of `nodes`.
+    pub async fn start_kind(
+        kubeconfig: &Path,
+        work_dir: &Path,
+        nodes: &[(String, String, Vec<DriverKind>)],
+    ) -> Result<Self> {
+        let host = crate::kind_host::KindHost::connect(kubeconfig, work_dir).await?;
+        Self::start(host, nodes, &work_dir.join("charts")).await
     }
 }

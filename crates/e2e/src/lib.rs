@@ -22,6 +22,7 @@ pub mod charts;
 pub mod cluster;
 pub mod error;
 pub mod image;
+pub mod kind_host;
 pub mod local;
 pub mod manifests;
 mod node;

@@ -310,6 +310,7 @@ impl LocalTestbed {
             nodes.push(NodeState {
                 info: NodeInfo {
                     name: name.to_string(),
+                    node_name: name.to_string(),
                     fixture,
                     drivers: drivers.to_vec(),
                 },

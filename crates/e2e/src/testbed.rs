@@ -86,7 +86,12 @@ pub const GPU_TEST_SERVICE_ACCOUNT: &str = "gpu-test-driver";
 /// A node of the testbed: its fixture hardware and the drivers it runs.
 #[derive(Debug, Clone)]
 pub struct NodeInfo {
+    /// The name the scenarios know the node by (`p5`, `trn2`, `trn1`).
     pub name: String,
+    /// The Kubernetes Node name: the same on the local cluster; on kind,
+    /// where node names are generated, the node labelled
+    /// `e2e.aws-dra.dev/node=<name>`.
+    pub node_name: String,
     pub fixture: Fixture,
     pub drivers: Vec<DriverKind>,
 }

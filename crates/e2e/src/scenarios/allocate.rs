@@ -17,7 +17,7 @@ pub(super) const GONE: Duration = Duration::from_secs(90);
 pub(super) fn node(tb: &impl Testbed, name: &str) -> Result<NodeInfo> {
     tb.nodes()
         .into_iter()
-        .find(|n| n.name == name)
+        .find(|n| n.name == name || n.node_name == name)
         .ok_or_else(|| anyhow!("no node {name} in the testbed"))
 }
 
@@ -173,7 +173,10 @@ pub async fn gpu_efa_same_root(tb: &impl Testbed, ns: &str) -> Result<()> {
     kit::apply_all(tb, ns, &objs).await?;
     let pod = kit::running(tb, ns, "gpu-efa-aligned", RUNNING).await?;
     let node_name = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
-    ensure!(node_name == "p5", "GPU pod on {node_name}");
+    ensure!(
+        node_name == kit::node_name(tb, "p5"),
+        "GPU pod on {node_name}"
+    );
     let devs = kit::pod_devices(tb, ns, "gpu-efa-aligned").await?;
     let gpus = of_driver(&devs, DriverKind::GpuTest);
     let efas = of_driver(&devs, DriverKind::Efa);

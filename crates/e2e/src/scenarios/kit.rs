@@ -60,6 +60,14 @@ pub async fn namespace(tb: &impl Testbed, name: &str) -> Result<()> {
     }
 }
 
+/// The Kubernetes Node name of the testbed node the scenarios call `node`.
+pub fn node_name(tb: &impl Testbed, node: &str) -> String {
+    tb.nodes()
+        .into_iter()
+        .find(|n| n.name == node)
+        .map_or_else(|| node.to_string(), |n| n.node_name)
+}
+
 /// Reads an example file; pods are adapted to the testbed and, when `node` is
 /// given, pinned to it with a nodeSelector (the scheduler still allocates).
 pub fn example(tb: &impl Testbed, path: &Path, node: Option<&str>) -> Result<Vec<Value>> {
@@ -67,7 +75,7 @@ pub fn example(tb: &impl Testbed, path: &Path, node: Option<&str>) -> Result<Vec
     for o in objs.iter_mut().filter(|o| o["kind"] == "Pod") {
         tb.adapt_pod(o);
         if let Some(node) = node {
-            o["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+            o["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node_name(tb, node)});
         }
     }
     Ok(objs)
@@ -110,7 +118,7 @@ pub fn pod_with_claim(
     });
     tb.adapt_pod(&mut pod);
     if let Some(node) = node {
-        pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+        pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node_name(tb, node)});
     }
     pod
 }
@@ -360,6 +368,7 @@ pub async fn pod_devices(tb: &impl Testbed, ns: &str, pod: &str) -> Result<Vec<A
 /// The slices of `driver` on `node`.
 pub async fn slices(tb: &impl Testbed, node: &str, kind: DriverKind) -> Result<Vec<ResourceSlice>> {
     let api: Api<ResourceSlice> = Api::all(tb.client());
+    let node = node_name(tb, node);
     let list = api
         .list(&ListParams::default().fields(&format!(
             "spec.nodeName={node},spec.driver={}",

@@ -72,7 +72,7 @@ pub async fn shared_claim(tb: &impl Testbed, ns: &str) -> Result<()> {
     check_efa_view(&n, &devs, &rb)?;
     let claim_uid = uid(&claim);
     ensure!(
-        prepared(tb, &node_a, DriverKind::Efa, &claim_uid)? == (true, true),
+        prepared(tb, &n.name, DriverKind::Efa, &claim_uid)? == (true, true),
         "not prepared"
     );
 
@@ -80,13 +80,13 @@ pub async fn shared_claim(tb: &impl Testbed, ns: &str) -> Result<()> {
     // The kubelet unprepares only when the last user is gone.
     tokio::time::sleep(Duration::from_secs(3)).await;
     ensure!(
-        prepared(tb, &node_a, DriverKind::Efa, &claim_uid)? == (true, true),
+        prepared(tb, &n.name, DriverKind::Efa, &claim_uid)? == (true, true),
         "claim unprepared while shared-efa-b still uses it"
     );
     kit::running(tb, ns, "shared-efa-b", Duration::from_secs(5)).await?;
 
     kit::delete_pods(tb, ns, &["shared-efa-b"], GONE).await?;
-    wait_unprepared(tb, &node_a, DriverKind::Efa, &claim_uid).await?;
+    wait_unprepared(tb, &n.name, DriverKind::Efa, &claim_uid).await?;
     Ok(())
 }
 

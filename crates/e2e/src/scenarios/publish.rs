@@ -45,12 +45,12 @@ fn check_pool(node: &NodeInfo, kind: DriverKind, slices: &[ResourceSlice]) -> Re
     );
     for s in slices {
         ensure!(
-            s.spec.pool.name == node.name,
+            s.spec.pool.name == node.node_name,
             "{what}: pool {}",
             s.spec.pool.name
         );
         ensure!(
-            s.spec.node_name.as_deref() == Some(node.name.as_str()),
+            s.spec.node_name.as_deref() == Some(node.node_name.as_str()),
             "{what}: nodeName"
         );
         let owner = s
@@ -305,7 +305,7 @@ pub async fn node_isolation(tb: &impl Testbed, _ns: &str) -> Result<()> {
         .and_then(|e| e.get("authentication.kubernetes.io/node-name"))
         .cloned();
     ensure!(
-        node_name == Some(vec!["p5".to_string()]),
+        node_name == Some(vec![kit::node_name(tb, "p5")]),
         "the bound token carries node-name {node_name:?} (extra {:?}); ServiceAccountTokenPodNodeInfo off?",
         user.extra
     );
@@ -320,6 +320,7 @@ pub async fn node_isolation(tb: &impl Testbed, _ns: &str) -> Result<()> {
         ..Default::default()
     };
     let slice_for = |node: &str| -> Result<ResourceSlice> {
+        let node = kit::node_name(tb, node);
         Ok(serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "metadata": {"name": format!("e2e-forged-{node}")},
@@ -337,7 +338,10 @@ pub async fn node_isolation(tb: &impl Testbed, _ns: &str) -> Result<()> {
         .ok_or_else(|| anyhow!("trn2 has no EFA slice"))?;
     let trn2_name = trn2_slice.metadata.name.clone().unwrap_or_default();
     let label = Patch::Merge(json!({"metadata": {"labels": {"forged": "yes"}}}));
-    let want = "may not modify ResourceSlices of node 'trn2'";
+    let want = &format!(
+        "may not modify ResourceSlices of node '{}'",
+        kit::node_name(tb, "trn2")
+    );
 
     // Allowed on its own node (dry run: admission runs, nothing is stored).
     as_driver

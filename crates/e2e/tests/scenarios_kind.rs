@@ -1,0 +1,49 @@
+//! The end-to-end scenarios on a kind cluster, with the drivers installed
+//! from the Helm charts (`e2e::kind_host`). Not part of `cargo test`: `cargo
+//! xtask e2e --cluster kind` brings the cluster up, loads the images, and
+//! runs this target with `AWS_DRA_KIND_KUBECONFIG` and `AWS_DRA_KIND_WORK`
+//! set. Figures go to `$AWS_DRA_E2E_FIGURES`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use e2e::kind_host::KindHost;
+use e2e::{ChartTestbed, DriverKind, TeardownReport};
+
+mod harness;
+
+impl harness::Bed for ChartTestbed<KindHost> {
+    fn start_times(&self) -> Vec<(String, DriverKind, std::time::Duration)> {
+        ChartTestbed::start_times(self)
+    }
+    fn admin_kubeconfig(&self) -> PathBuf {
+        e2e::ChartHost::admin_kubeconfig(self.host()).to_path_buf()
+    }
+    /// The cluster belongs to `cargo xtask e2e`, which deletes it.
+    fn shutdown(self) -> TeardownReport {
+        TeardownReport::default()
+    }
+}
+
+fn main() -> ExitCode {
+    let (Some(kubeconfig), Some(work)) = (
+        std::env::var_os("AWS_DRA_KIND_KUBECONFIG"),
+        std::env::var_os("AWS_DRA_KIND_WORK"),
+    ) else {
+        eprintln!(
+            "scenarios_kind runs on a kind cluster brought up by `cargo xtask e2e --cluster kind` \
+             (AWS_DRA_KIND_KUBECONFIG and AWS_DRA_KIND_WORK unset)"
+        );
+        return ExitCode::FAILURE;
+    };
+    let (kubeconfig, work) = (PathBuf::from(kubeconfig), PathBuf::from(work));
+    harness::main::<ChartTestbed<KindHost>>(
+        Box::new(move || {
+            let (kubeconfig, work) = (kubeconfig.clone(), work.clone());
+            Box::pin(async move {
+                ChartTestbed::start_kind(&kubeconfig, &work, &e2e::kind_host::roles()).await
+            })
+        }),
+        "AWS_DRA_E2E_FIGURES",
+    )
+}
