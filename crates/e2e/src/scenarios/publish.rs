@@ -60,7 +60,7 @@ fn check_pool(node: &NodeInfo, kind: DriverKind, slices: &[ResourceSlice]) -> Re
             .and_then(|o| o.first())
             .ok_or_else(|| anyhow!("{what}: slice without an owner reference"))?;
         ensure!(
-            owner.kind == "Node" && owner.name == node.name,
+            owner.kind == "Node" && owner.name == node.node_name,
             "{what}: owner {owner:?}"
         );
     }
