@@ -94,8 +94,37 @@ pub struct PluginSockets {
     pub data_dir: PathBuf,
 }
 
+/// The longest path a unix socket may have (`sun_path` is 108 bytes with
+/// its terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+impl PluginSockets {
+    /// Both socket paths fit a unix socket address. With a pod UID in the
+    /// names (DaemonSet pods), the EFA driver's registration socket takes 86
+    /// bytes after the kubelet root dir: a root of more than 21 bytes is too
+    /// long, which the error says in the operator's terms.
+    pub fn check_lengths(&self) -> Result<(), PluginError> {
+        for path in [&self.registration, &self.plugin] {
+            let len = path.as_os_str().len();
+            if len > MAX_SOCKET_PATH {
+                return Err(PluginError::PathTooLong {
+                    path: path.clone(),
+                    len,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
+    #[error(
+        "socket path {path} is {len} bytes, but unix socket paths end at {MAX_SOCKET_PATH}: \
+         shorten the kubelet root dir (kubelet --root-dir; the charts' hostPaths.kubeletRoot, \
+         or hostPaths.kubeletRegistrarDir / kubeletPluginsDir)"
+    )]
+    PathTooLong { path: PathBuf, len: usize },
     #[error("preparing {path}: {source}")]
     Io {
         path: PathBuf,
@@ -157,6 +186,7 @@ impl<D: Driver> KubeletPlugin<D> {
     /// registration that points nowhere) and serves until `shutdown`.
     pub async fn start(self, shutdown: CancellationToken) -> Result<RunningPlugin, PluginError> {
         let sockets = self.options.sockets();
+        sockets.check_lengths()?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| PluginError::Io { path, source }
@@ -439,3 +469,30 @@ macro_rules! dra_service_version {
 
 dra_service_version!(dra_v1);
 dra_service_version!(dra_v1beta1);
+
+#[cfg(test)]
+mod socket_length_tests {
+    use super::*;
+
+    fn efa_with_root(root: &str) -> PluginSockets {
+        let mut o = PluginOptions::new("efa.networking.k8s.aws", "efa");
+        o.registrar_dir = PathBuf::from(format!("{root}/plugins_registry"));
+        o.plugins_dir = PathBuf::from(format!("{root}/plugins"));
+        o.pod_uid = Some("d1431689-5802-499d-b841-6d64da00d9d0".into());
+        o.sockets()
+    }
+
+    #[test]
+    fn per_pod_sockets_fit_under_a_kubelet_root_of_21_bytes_and_not_22() {
+        // The default root, and the longest one that fits.
+        for root in ["/var/lib/kubelet", "/var/lib/kubelet-abcd"] {
+            assert!(root.len() <= 21);
+            efa_with_root(root).check_lengths().unwrap();
+        }
+        let s = efa_with_root("/var/lib/kubelet-abcde");
+        assert_eq!(s.registration.as_os_str().len(), 108);
+        let err = s.check_lengths().unwrap_err().to_string();
+        assert!(err.contains("108 bytes"), "{err}");
+        assert!(err.contains("hostPaths.kubeletRoot"), "{err}");
+    }
+}

@@ -888,7 +888,7 @@ impl PortAllocator {
     }
 }
 
-/// Root of the state dirs; see [`new_state_dir`].
+/// Root of the state dirs (`/run/ad/<pid>`, short for unix socket paths).
 pub const STATE_ROOT: &str = "/run/ad";
 
 /// A new, empty `/run/ad/<pid in hex>[suffix]`. As short as it is because
