@@ -179,8 +179,17 @@ pub fn bring_up(root: &Path, work: &Path, bin_dir: &Path, probe_archive: &Path) 
             std::fs::remove_dir_all(&n.fixture_dir)
                 .with_context(|| format!("removing {}", n.fixture_dir.display()))?;
         }
-        sysfs_fixtures::generate(&n.instance_type, &n.fixture_dir)
+        let fixture = sysfs_fixtures::generate(&n.instance_type, &n.fixture_dir)
             .with_context(|| format!("fixture for {} ({})", n.role, n.instance_type))?;
+        // containerd in the node opens the device nodes the CDI specs name
+        // (under the mounted fixture): empty files would fail every pod.
+        if fixture.device_nodes != sysfs_fixtures::DeviceNodes::CharDevices {
+            bail!(
+                "the fixture of {} got plain files instead of character devices \
+                 (mknod needs root): run cargo xtask e2e --cluster kind as root",
+                n.role
+            );
+        }
     }
     let config = work.join("kind-config.yaml");
     std::fs::write(&config, cluster_config(&nodes)?)?;
