@@ -29,7 +29,6 @@ use crate::chart_testbed::{
 };
 use crate::error::{Error, Result, io};
 use crate::testbed::DriverKind;
-use crate::toolchain::PROBE_IMAGE;
 
 /// Name of the kind cluster.
 pub const CLUSTER_NAME: &str = "aws-dra-e2e";
@@ -303,18 +302,7 @@ impl ChartHost for KindHost {
     /// The suite's probe image (loaded, never pulled) in place of the
     /// example's; the pod network of kind needs nothing else.
     fn adapt_pod(&self, pod: &mut Value) {
-        let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
-            return;
-        };
-        spec.insert("terminationGracePeriodSeconds".into(), json!(1));
-        if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
-            for c in containers.iter_mut().filter_map(Value::as_object_mut) {
-                c.insert("image".into(), Value::String(PROBE_IMAGE.into()));
-                c.insert("imagePullPolicy".into(), Value::String("Never".into()));
-                c.remove("command");
-                c.remove("args");
-            }
-        }
+        crate::local::use_probe_image(pod);
     }
 
     fn logs_hint(&self) -> String {
@@ -421,6 +409,12 @@ mod tests {
             )
             .unwrap();
         assert!(vm_rss_kib(&status).unwrap() > 0);
+        // Example pods run the probe on kind's pod network.
+        let mut pod = json!({"spec": {"containers": [{"name": "c", "image": "ubuntu", "command": ["sleep"]}]}});
+        host.adapt_pod(&mut pod);
+        assert_eq!(pod["spec"]["containers"][0]["image"], crate::PROBE_IMAGE);
+        assert!(pod["spec"]["containers"][0]["command"].is_null());
+        assert!(pod["spec"]["hostNetwork"].is_null());
         // A failing command is an error naming it.
         let err = host.kill_container("n", "abc").unwrap_err().to_string();
         assert!(err.contains("docker exec n ctr"), "{err}");

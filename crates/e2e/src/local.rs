@@ -681,11 +681,20 @@ impl Testbed for LocalTestbed {
 /// got; host network and a toleration for the NotReady taints (no CNI); a
 /// short grace period (the probe exits on SIGTERM).
 pub fn adapt_pod_for_local(pod: &mut Value) {
+    use_probe_image(pod);
+    if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {
+        spec.insert("hostNetwork".into(), Value::Bool(true));
+        spec.insert("tolerations".into(), json!([{"operator": "Exists"}]));
+    }
+}
+
+/// The part of [`adapt_pod_for_local`] every cluster needs: the probe image
+/// (never pulled) in every container, the example's command dropped, and a
+/// short grace period (the probe exits on SIGTERM).
+pub fn use_probe_image(pod: &mut Value) {
     let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
         return;
     };
-    spec.insert("hostNetwork".into(), Value::Bool(true));
-    spec.insert("tolerations".into(), json!([{"operator": "Exists"}]));
     spec.insert("terminationGracePeriodSeconds".into(), json!(1));
     if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
         for c in containers.iter_mut().filter_map(Value::as_object_mut) {
