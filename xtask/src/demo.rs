@@ -9,13 +9,16 @@
 //! claim → node → device → pcieRoot and the claim's `matchAttribute` value,
 //! so the alignment is visible. Then it leaves everything running with the
 //! kubeconfig printed until Ctrl-C; `--once` tears down after printing.
+//! `--charts` installs the drivers as a platform team would, with `helm
+//! upgrade --install` of the charts (DaemonSet pods; the end-to-end suite's
+//! chart testbed) instead of running them as host processes.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use e2e::scenarios::kit;
-use e2e::{LocalOptions, LocalTestbed, Testbed};
+use e2e::{ChartTestbed, LocalOptions, LocalTestbed, TeardownReport, Testbed};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use serde_json::Value;
@@ -25,6 +28,9 @@ pub struct DemoArgs {
     /// Tear the cluster down after printing the table.
     #[arg(long)]
     once: bool,
+    /// Install the drivers from the Helm charts (DaemonSet pods).
+    #[arg(long)]
+    charts: bool,
 }
 
 const NAMESPACE: &str = "demo";
@@ -57,31 +63,65 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let started = Instant::now();
-        eprintln!("==> demo: starting the local cluster and the drivers");
-        let tb = LocalTestbed::start(LocalOptions {
-            bin_dir: Some(bin_dir),
-            ..LocalOptions::default()
-        }).await?;
-        eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
-        let result = show(&tb).await;
-        if let Err(e) = &result {
-            eprintln!("demo: {e:#}");
+        if args.charts {
+            eprintln!("==> demo: starting the local cluster, installing the charts");
+            let tb =
+                ChartTestbed::start_local(&LocalOptions::default().nodes, Some(&bin_dir)).await?;
+            eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
+            let (kubeconfig, logs) = (
+                tb.admin_kubeconfig().to_path_buf(),
+                tb.run_dir().to_path_buf(),
+            );
+            let result = show(&tb, &kubeconfig, &logs, args.once).await;
+            finish(result, tb.shutdown())
+        } else {
+            eprintln!("==> demo: starting the local cluster and the drivers");
+            let tb = LocalTestbed::start(LocalOptions {
+                bin_dir: Some(bin_dir),
+                ..LocalOptions::default()
+            })
+            .await?;
+            eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
+            let (kubeconfig, logs) = (
+                tb.admin_kubeconfig().to_path_buf(),
+                tb.run_dir().to_path_buf(),
+            );
+            let result = show(&tb, &kubeconfig, &logs, args.once).await;
+            finish(result, tb.shutdown())
         }
-        eprintln!("\nexport KUBECONFIG={}", tb.admin_kubeconfig().display());
-        eprintln!("logs: {}", tb.run_dir().display());
-        if !args.once {
-            eprintln!("==> running; try `kubectl get resourceslices,resourceclaims -A`. Ctrl-C tears it down.");
-            // The cluster's SIGINT handler tears down and exits.
-            std::future::pending::<()>().await;
-        }
-        let report = tb.shutdown();
-        anyhow::ensure!(report.is_clean(), "teardown left {report:?}");
-        eprintln!("==> torn down cleanly");
-        result
     })
 }
 
-async fn show(tb: &LocalTestbed) -> Result<()> {
+fn finish(result: Result<()>, report: TeardownReport) -> Result<()> {
+    anyhow::ensure!(report.is_clean(), "teardown left {report:?}");
+    eprintln!("==> torn down cleanly");
+    result
+}
+
+/// Applies the examples, prints the table, then (unless `once`) waits for Ctrl-C.
+async fn show(
+    tb: &impl Testbed,
+    kubeconfig: &std::path::Path,
+    logs: &std::path::Path,
+    once: bool,
+) -> Result<()> {
+    let result = apply_and_print(tb).await;
+    if let Err(e) = &result {
+        eprintln!("demo: {e:#}");
+    }
+    eprintln!("\nexport KUBECONFIG={}", kubeconfig.display());
+    eprintln!("logs: {}", logs.display());
+    if !once {
+        eprintln!(
+            "==> running; try `kubectl get resourceslices,resourceclaims -A`. Ctrl-C tears it down."
+        );
+        // The cluster's SIGINT handler tears down and exits.
+        std::future::pending::<()>().await;
+    }
+    result
+}
+
+async fn apply_and_print(tb: &impl Testbed) -> Result<()> {
     kit::namespace(tb, NAMESPACE).await?;
     let dir = e2e::local::examples_dir();
     let mut pods = Vec::new();
@@ -117,7 +157,7 @@ async fn show(tb: &LocalTestbed) -> Result<()> {
     print_table(tb).await
 }
 
-async fn print_table(tb: &LocalTestbed) -> Result<()> {
+async fn print_table(tb: &impl Testbed) -> Result<()> {
     let claims: Api<ResourceClaim> = Api::namespaced(tb.client(), NAMESPACE);
     let mut rows: Vec<[String; 6]> = Vec::new();
     for claim in claims.list(&Default::default()).await?.items {

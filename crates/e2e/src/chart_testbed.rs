@@ -1200,10 +1200,16 @@ impl ChartHost for LocalChartHost {
 
 impl ChartTestbed<LocalChartHost> {
     /// The local cluster of [`crate::local::LocalOptions::default`]'s nodes
-    /// with the drivers installed from the charts; driver binaries as
-    /// [`crate::local::driver_bin_dir`] finds them.
-    pub async fn start_local(nodes: &[(String, String, Vec<DriverKind>)]) -> Result<Self> {
-        let bin_dir = crate::local::driver_bin_dir(&DriverKind::ALL)?;
+    /// with the drivers installed from the charts; driver binaries from
+    /// `bin_dir`, or where [`crate::local::driver_bin_dir`] finds them.
+    pub async fn start_local(
+        nodes: &[(String, String, Vec<DriverKind>)],
+        bin_dir: Option<&Path>,
+    ) -> Result<Self> {
+        let bin_dir = match bin_dir {
+            Some(d) => d.to_path_buf(),
+            None => crate::local::driver_bin_dir(&DriverKind::ALL)?,
+        };
         let names: Vec<(String, String)> = nodes
             .iter()
             .map(|(n, t, _)| (n.clone(), t.clone()))
@@ -1215,6 +1221,10 @@ impl ChartTestbed<LocalChartHost> {
 
     pub fn admin_kubeconfig(&self) -> &Path {
         self.host.admin_kubeconfig()
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        self.host.run_dir()
     }
 
     /// Uninstalls nothing (the cluster goes away whole) and stops the cluster.

@@ -27,7 +27,9 @@ impl harness::Bed for ChartTestbed<LocalChartHost> {
 fn main() -> ExitCode {
     harness::main::<ChartTestbed<LocalChartHost>>(
         Box::new(|| {
-            Box::pin(async { ChartTestbed::start_local(&LocalOptions::default().nodes).await })
+            Box::pin(async {
+                ChartTestbed::start_local(&LocalOptions::default().nodes, None).await
+            })
         }),
         "AWS_DRA_E2E_CHART_FIGURES",
     )
