@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use e2e::scenarios::kit;
-use e2e::{ChartTestbed, LocalOptions, LocalTestbed, TeardownReport, Testbed};
+use e2e::{ChartTestbed, LocalOptions, LocalTestbed, ManagedTestbed, Testbed};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use serde_json::Value;
@@ -67,13 +67,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
             eprintln!("==> demo: starting the local cluster, installing the charts");
             let tb =
                 ChartTestbed::start_local(&LocalOptions::default().nodes, Some(&bin_dir)).await?;
-            eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
-            let (kubeconfig, logs) = (
-                tb.admin_kubeconfig().to_path_buf(),
-                tb.run_dir().to_path_buf(),
-            );
-            let result = show(&tb, &kubeconfig, &logs, args.once).await;
-            finish(result, tb.shutdown())
+            present(tb, started, args.once).await
         } else {
             eprintln!("==> demo: starting the local cluster and the drivers");
             let tb = LocalTestbed::start(LocalOptions {
@@ -81,36 +75,21 @@ pub fn run(args: DemoArgs) -> Result<()> {
                 ..LocalOptions::default()
             })
             .await?;
-            eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
-            let (kubeconfig, logs) = (
-                tb.admin_kubeconfig().to_path_buf(),
-                tb.run_dir().to_path_buf(),
-            );
-            let result = show(&tb, &kubeconfig, &logs, args.once).await;
-            finish(result, tb.shutdown())
+            present(tb, started, args.once).await
         }
     })
 }
 
-fn finish(result: Result<()>, report: TeardownReport) -> Result<()> {
-    anyhow::ensure!(report.is_clean(), "teardown left {report:?}");
-    eprintln!("==> torn down cleanly");
-    result
-}
-
-/// Applies the examples, prints the table, then (unless `once`) waits for Ctrl-C.
-async fn show(
-    tb: &impl Testbed,
-    kubeconfig: &std::path::Path,
-    logs: &std::path::Path,
-    once: bool,
-) -> Result<()> {
-    let result = apply_and_print(tb).await;
+/// Applies the examples and prints the table, then (unless `once`) waits for
+/// Ctrl-C, and tears the testbed down.
+async fn present(tb: impl ManagedTestbed, started: Instant, once: bool) -> Result<()> {
+    eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
+    let result = apply_and_print(&tb).await;
     if let Err(e) = &result {
         eprintln!("demo: {e:#}");
     }
-    eprintln!("\nexport KUBECONFIG={}", kubeconfig.display());
-    eprintln!("logs: {}", logs.display());
+    eprintln!("\nexport KUBECONFIG={}", tb.admin_kubeconfig().display());
+    eprintln!("logs: {}", tb.run_dir().display());
     if !once {
         eprintln!(
             "==> running; try `kubectl get resourceslices,resourceclaims -A`. Ctrl-C tears it down."
@@ -118,6 +97,9 @@ async fn show(
         // The cluster's SIGINT handler tears down and exits.
         std::future::pending::<()>().await;
     }
+    let report = tb.shutdown();
+    anyhow::ensure!(report.is_clean(), "teardown left {report:?}");
+    eprintln!("==> torn down cleanly");
     result
 }
 

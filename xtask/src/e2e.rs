@@ -193,21 +193,8 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
 }
 
 pub fn print_figures(f: &e2e::Figures) {
-    eprintln!(
-        "    testbed bring-up: {:.1}s",
-        f.bring_up_ms as f64 / 1000.0
-    );
-    for (node, driver, ms) in &f.start_to_slices_ms {
-        eprintln!("    start -> slices visible  {node:<5} {driver:<16} {ms:>6} ms");
-    }
-    for (node, driver, n, ms) in &f.prepare_latency {
-        eprintln!("    prepare latency          {node:<5} {driver:<16} {ms:>8.1} ms (mean of {n})");
-    }
-    for (node, driver, kib) in &f.rss_kib {
-        eprintln!(
-            "    RSS after the run        {node:<5} {driver:<16} {:>8.1} MiB",
-            *kib as f64 / 1024.0
-        );
+    for line in f.lines() {
+        eprintln!("{line}");
     }
 }
 

@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
-use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -41,10 +40,10 @@ use sysfs_fixtures::Fixture;
 use crate::charts::{self, Chart, Helm};
 use crate::cluster::{ClusterConfig, LocalCluster, NodeSpec, TeardownReport};
 use crate::error::{Error, Result, io};
-use crate::local::{GPU_TEST_MANIFEST, adapt_pod_for_local, pool_complete, rss_kib};
+use crate::local::{GPU_TEST_MANIFEST, adapt_pod_for_local, rss_kib, wait_pool_complete};
 use crate::manifests;
 use crate::process::run_checked;
-use crate::testbed::{DriverKind, NodeInfo, Testbed};
+use crate::testbed::{DriverKind, ManagedTestbed, NodeInfo, Testbed};
 
 /// Prefix of the node labels that switch a driver on (`<prefix><binary>=run`).
 pub const RUN_LABEL_PREFIX: &str = "e2e.aws-dra.dev/";
@@ -124,6 +123,12 @@ pub trait ChartHost: Send + Sync {
     fn kubeconfig_for_token(&self, stem: &str, user: &str, token: &str) -> Result<PathBuf>;
     fn adapt_pod(&self, pod: &mut Value);
     fn logs_hint(&self) -> String;
+    /// Where the run's logs and generated files are.
+    fn run_dir(&self) -> &Path;
+    /// Stops what the host started (the cluster, where it owns it).
+    fn shutdown(self) -> TeardownReport
+    where
+        Self: Sized;
 }
 
 /// One DaemonSet: a chart release (or the GPU test driver's manifest).
@@ -431,7 +436,7 @@ impl<H: ChartHost> ChartTestbed<H> {
     }
 
     /// Label → pool complete of the first start of each driver.
-    pub fn start_times(&self) -> Vec<(String, DriverKind, Duration)> {
+    fn first_starts(&self) -> Vec<(String, DriverKind, Duration)> {
         self.start_times
             .lock()
             .map(|t| t.clone())
@@ -525,7 +530,7 @@ impl<H: ChartHost> ChartTestbed<H> {
                     primary,
                     metrics_port,
                 );
-                self.helm_install(chart, &release, &values)?;
+                self.helm_install(chart, &release, &values, primary)?;
             }
             None => {
                 let ds = gpu_test_daemonset(
@@ -548,7 +553,9 @@ impl<H: ChartHost> ChartTestbed<H> {
         Ok(())
     }
 
-    fn helm_install(&self, chart: Chart, release: &str, values: &Value) -> Result<()> {
+    /// `first`: the chart's first release, which builds its dependencies
+    /// (the library chart) for all later ones.
+    fn helm_install(&self, chart: Chart, release: &str, values: &Value, first: bool) -> Result<()> {
         let file = self.work_dir.join(format!("{release}.values.json"));
         let text = serde_json::to_vec_pretty(values).map_err(json_err("chart values"))?;
         std::fs::write(&file, text).map_err(io("writing", &file))?;
@@ -560,7 +567,9 @@ impl<H: ChartHost> ChartTestbed<H> {
             file.display().to_string(),
             self.host.admin_kubeconfig().display().to_string(),
         );
-        self.helm.run(&["dependency", "build", &dir])?;
+        if first {
+            self.helm.run(&["dependency", "build", &dir])?;
+        }
         self.helm.run(&[
             "upgrade",
             "--install",
@@ -685,34 +694,31 @@ impl<H: ChartHost> ChartTestbed<H> {
         let info = self.node_info(node)?;
         let expected = kind.expected_devices(&info.fixture);
         let node_name = self.layout(node)?.node_name;
-        let slices: Api<ResourceSlice> = Api::all(self.client.clone());
-        let lp = ListParams::default().fields(&format!(
-            "spec.nodeName={node_name},spec.driver={}",
-            kind.driver_name()
-        ));
-        let started = Instant::now();
-        loop {
-            if let Ok(list) = slices.list(&lp).await
-                && pool_complete(&list.items) == Some(expected)
-            {
-                return Ok(());
-            }
-            if started.elapsed() > SLICES_TIMEOUT {
-                let log = match self.live_pod(node, kind).await {
-                    Ok(Some(p)) => self.pod_log_tail(&p).await,
-                    _ => "(no pod)".into(),
-                };
-                return Err(Error::Timeout {
-                    what: format!(
-                        "{expected} {} devices of node {node} in ResourceSlices; driver log tail:\n{log}",
-                        kind.driver_name()
-                    ),
-                    after: SLICES_TIMEOUT,
-                    logs: self.work_dir.clone(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        // kubelet restarts a driver that exits: nothing ends the wait early.
+        if wait_pool_complete(
+            &self.client,
+            &node_name,
+            kind,
+            expected,
+            SLICES_TIMEOUT,
+            || Ok(()),
+        )
+        .await?
+        {
+            return Ok(());
         }
+        let log = match self.live_pod(node, kind).await {
+            Ok(Some(p)) => self.pod_log_tail(&p).await,
+            _ => "(no pod)".into(),
+        };
+        Err(Error::Timeout {
+            what: format!(
+                "{expected} {} devices of node {node} in ResourceSlices; driver log tail:\n{log}",
+                kind.driver_name()
+            ),
+            after: SLICES_TIMEOUT,
+            logs: self.work_dir.clone(),
+        })
     }
 }
 
@@ -1026,14 +1032,6 @@ impl LocalChartHost {
         Ok(host)
     }
 
-    pub fn run_dir(&self) -> &Path {
-        &self.run_dir
-    }
-
-    pub fn shutdown(self) -> TeardownReport {
-        self.cluster.into_inner().shutdown()
-    }
-
     fn ctr(&self, socket: &Path) -> Command {
         let mut c = Command::new(&self.ctr);
         c.arg("--address")
@@ -1190,6 +1188,14 @@ impl ChartHost for LocalChartHost {
         adapt_pod_for_local(pod);
     }
 
+    fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    fn shutdown(self) -> TeardownReport {
+        self.cluster.into_inner().shutdown()
+    }
+
     fn logs_hint(&self) -> String {
         format!(
             "component logs in {} (kubelet: nodes/<node>/kubelet.log, containers: nodes/<node>/pod-logs)",
@@ -1218,17 +1224,23 @@ impl ChartTestbed<LocalChartHost> {
         let work = host.run_dir().join("charts");
         Self::start(host, nodes, &work).await
     }
+}
 
-    pub fn admin_kubeconfig(&self) -> &Path {
+impl<H: ChartHost> ManagedTestbed for ChartTestbed<H> {
+    fn start_times(&self) -> Vec<(String, DriverKind, Duration)> {
+        self.first_starts()
+    }
+
+    fn admin_kubeconfig(&self) -> &Path {
         self.host.admin_kubeconfig()
     }
 
-    pub fn run_dir(&self) -> &Path {
+    fn run_dir(&self) -> &Path {
         self.host.run_dir()
     }
 
-    /// Uninstalls nothing (the cluster goes away whole) and stops the cluster.
-    pub fn shutdown(self) -> TeardownReport {
+    /// Uninstalls nothing: the host's cluster goes away whole, or not at all.
+    fn shutdown(self) -> TeardownReport {
         self.host.shutdown()
     }
 }

@@ -27,6 +27,7 @@ use crate::chart_testbed::{
     ChartHost, DRIVERS_IMAGE_REPOSITORY, DRIVERS_IMAGE_TAG, Deployment, HostPaths, NodeLayout,
     ROLE_LABEL,
 };
+use crate::cluster::TeardownReport;
 use crate::error::{Error, Result, io};
 use crate::testbed::DriverKind;
 
@@ -303,6 +304,16 @@ impl ChartHost for KindHost {
     /// example's; the pod network of kind needs nothing else.
     fn adapt_pod(&self, pod: &mut Value) {
         crate::local::use_probe_image(pod);
+    }
+
+    /// The testbed's scratch files (kubeconfigs, fixture descriptions).
+    fn run_dir(&self) -> &Path {
+        &self.work_dir
+    }
+
+    /// Nothing to stop: the cluster belongs to `cargo xtask e2e`, which deletes it.
+    fn shutdown(self) -> TeardownReport {
+        TeardownReport::default()
     }
 
     fn logs_hint(&self) -> String {

@@ -40,5 +40,5 @@ pub use cluster::{
 pub use error::{Error, Result};
 pub use local::{LocalOptions, LocalTestbed};
 pub use node::LocalNode;
-pub use testbed::{DriverKind, Figures, NodeInfo, Testbed};
+pub use testbed::{DriverKind, Figures, ManagedTestbed, NodeInfo, Testbed};
 pub use toolchain::{Binaries, KubernetesVersion, PAUSE_IMAGE, PROBE_IMAGE};

@@ -36,7 +36,7 @@ use crate::charts::{self, Helm};
 use crate::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
 use crate::error::{Error, Result, io};
 use crate::manifests;
-use crate::testbed::{DriverKind, NodeInfo, Testbed};
+use crate::testbed::{DriverKind, ManagedTestbed, NodeInfo, Testbed};
 use crate::toolchain::{PAUSE_IMAGE, PROBE_IMAGE, repo_root};
 
 /// The test GPU driver's DeviceClass, ServiceAccount and RBAC.
@@ -225,28 +225,6 @@ impl LocalTestbed {
         Ok(testbed)
     }
 
-    /// The admin kubeconfig (for `kubectl`, printed by `cargo xtask demo`).
-    pub fn admin_kubeconfig(&self) -> &Path {
-        &self.admin_kubeconfig
-    }
-
-    pub fn run_dir(&self) -> &Path {
-        &self.run_dir
-    }
-
-    /// Start → complete pool of the first start of each driver.
-    pub fn start_times(&self) -> Vec<(String, DriverKind, Duration)> {
-        self.start_times
-            .lock()
-            .map(|t| t.clone())
-            .unwrap_or_default()
-    }
-
-    /// Stops everything and reports leftovers.
-    pub fn shutdown(self) -> TeardownReport {
-        self.cluster.into_inner().shutdown()
-    }
-
     async fn install_cluster_objects(&self, helm: &Helm) -> Result<()> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let ns: Namespace = serde_json::from_value(json!({
@@ -429,38 +407,63 @@ impl LocalTestbed {
     /// Waits until the driver's pool on `node` is complete: every slice of
     /// the newest generation present and `expected` devices in them.
     async fn wait_for_pool(&self, node: &str, kind: DriverKind, expected: usize) -> Result<()> {
-        let slices: Api<ResourceSlice> = Api::all(self.client.clone());
-        let lp = ListParams::default().fields(&format!(
-            "spec.nodeName={node},spec.driver={}",
-            kind.driver_name()
-        ));
-        let started = Instant::now();
-        loop {
-            if let Ok(list) = slices.list(&lp).await
-                && pool_complete(&list.items) == Some(expected)
-            {
-                return Ok(());
-            }
-            if !self.driver_running(node, kind) {
-                return Err(Error::Testbed(format!(
-                    "{} on {node} exited before publishing; log: {}",
-                    kind.binary(),
-                    self.driver_log(node, kind).display()
-                )));
-            }
-            if started.elapsed() > SLICES_TIMEOUT {
-                return Err(Error::Timeout {
-                    what: format!(
-                        "{expected} {} devices of node {node} in ResourceSlices (driver log {})",
-                        kind.driver_name(),
+        let complete =
+            wait_pool_complete(&self.client, node, kind, expected, SLICES_TIMEOUT, || {
+                if self.driver_running(node, kind) {
+                    Ok(())
+                } else {
+                    Err(Error::Testbed(format!(
+                        "{} on {node} exited before publishing; log: {}",
+                        kind.binary(),
                         self.driver_log(node, kind).display()
-                    ),
-                    after: SLICES_TIMEOUT,
-                    logs: self.run_dir.clone(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+                    )))
+                }
+            })
+            .await?;
+        if complete {
+            return Ok(());
         }
+        Err(Error::Timeout {
+            what: format!(
+                "{expected} {} devices of node {node} in ResourceSlices (driver log {})",
+                kind.driver_name(),
+                self.driver_log(node, kind).display()
+            ),
+            after: SLICES_TIMEOUT,
+            logs: self.run_dir.clone(),
+        })
+    }
+}
+
+/// Polls the ResourceSlices of `kind`'s driver on Node `node_name` every
+/// 100 ms until their pool is complete with `expected` devices (`true`) or
+/// `timeout` has passed (`false`). `check` runs every round; its error ends
+/// the wait (the driver is gone).
+pub(crate) async fn wait_pool_complete(
+    client: &kube::Client,
+    node_name: &str,
+    kind: DriverKind,
+    expected: usize,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<()>,
+) -> Result<bool> {
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!(
+        "spec.nodeName={node_name},spec.driver={}",
+        kind.driver_name()
+    ));
+    let started = Instant::now();
+    loop {
+        if let Ok(list) = slices.list(&lp).await
+            && pool_complete(&list.items) == Some(expected)
+        {
+            return Ok(true);
+        }
+        check()?;
+        if started.elapsed() > timeout {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -479,6 +482,27 @@ pub fn pool_complete(slices: &[ResourceSlice]) -> Option<usize> {
             .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
             .sum()
     })
+}
+
+impl ManagedTestbed for LocalTestbed {
+    fn start_times(&self) -> Vec<(String, DriverKind, Duration)> {
+        self.start_times
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    fn shutdown(self) -> TeardownReport {
+        self.cluster.into_inner().shutdown()
+    }
 }
 
 impl Testbed for LocalTestbed {

@@ -9,13 +9,14 @@
 //! Everything else the scenarios do goes through the Kubernetes API with the
 //! admin client, so it is the same on any cluster.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
 use sysfs_fixtures::Fixture;
 
 use crate::charts::{self, Chart};
+use crate::cluster::TeardownReport;
 use crate::error::Result;
 
 /// A driver the suite runs on a node.
@@ -113,6 +114,48 @@ pub struct Figures {
     pub rss_kib: Vec<(String, String, u64)>,
     /// Cluster bring-up (control plane, nodes, charts, drivers), ms.
     pub bring_up_ms: u64,
+}
+
+impl Figures {
+    /// The figures as indented lines, for a terminal.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "    testbed bring-up: {:.1}s",
+            self.bring_up_ms as f64 / 1000.0
+        )];
+        for (node, driver, ms) in &self.start_to_slices_ms {
+            out.push(format!(
+                "    start -> slices visible  {node:<5} {driver:<16} {ms:>6} ms"
+            ));
+        }
+        for (node, driver, n, ms) in &self.prepare_latency {
+            out.push(format!(
+                "    prepare latency          {node:<5} {driver:<16} {ms:>8.1} ms (mean of {n})"
+            ));
+        }
+        for (node, driver, kib) in &self.rss_kib {
+            out.push(format!(
+                "    RSS after the run        {node:<5} {driver:<16} {:>8.1} MiB",
+                *kib as f64 / 1024.0
+            ));
+        }
+        out
+    }
+}
+
+/// What the scenario harness and `cargo xtask demo` need of a testbed they
+/// brought up, besides [`Testbed`].
+pub trait ManagedTestbed: Testbed {
+    /// Start → complete pool of the first start of each driver.
+    fn start_times(&self) -> Vec<(String, DriverKind, Duration)>;
+    /// The admin kubeconfig (for `kubectl`).
+    fn admin_kubeconfig(&self) -> &Path;
+    /// Where the run's logs and generated files are.
+    fn run_dir(&self) -> &Path;
+    /// Stops what the testbed started and reports leftovers.
+    fn shutdown(self) -> TeardownReport
+    where
+        Self: Sized;
 }
 
 /// The cluster-specific operations of the scenarios.

@@ -18,21 +18,9 @@
 
 use std::process::ExitCode;
 
-use e2e::{DriverKind, LocalOptions, LocalTestbed, TeardownReport};
+use e2e::{LocalOptions, LocalTestbed};
 
 mod harness;
-
-impl harness::Bed for LocalTestbed {
-    fn start_times(&self) -> Vec<(String, DriverKind, std::time::Duration)> {
-        LocalTestbed::start_times(self)
-    }
-    fn admin_kubeconfig(&self) -> std::path::PathBuf {
-        LocalTestbed::admin_kubeconfig(self).to_path_buf()
-    }
-    fn shutdown(self) -> TeardownReport {
-        LocalTestbed::shutdown(self)
-    }
-}
 
 fn main() -> ExitCode {
     harness::main::<LocalTestbed>(

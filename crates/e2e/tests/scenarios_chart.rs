@@ -8,21 +8,9 @@
 
 use std::process::ExitCode;
 
-use e2e::{ChartTestbed, DriverKind, LocalChartHost, LocalOptions, TeardownReport};
+use e2e::{ChartTestbed, LocalChartHost, LocalOptions};
 
 mod harness;
-
-impl harness::Bed for ChartTestbed<LocalChartHost> {
-    fn start_times(&self) -> Vec<(String, DriverKind, std::time::Duration)> {
-        ChartTestbed::start_times(self)
-    }
-    fn admin_kubeconfig(&self) -> std::path::PathBuf {
-        ChartTestbed::admin_kubeconfig(self).to_path_buf()
-    }
-    fn shutdown(self) -> TeardownReport {
-        ChartTestbed::shutdown(self)
-    }
-}
 
 fn main() -> ExitCode {
     harness::main::<ChartTestbed<LocalChartHost>>(

@@ -7,23 +7,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use e2e::ChartTestbed;
 use e2e::kind_host::KindHost;
-use e2e::{ChartTestbed, DriverKind, TeardownReport};
 
 mod harness;
-
-impl harness::Bed for ChartTestbed<KindHost> {
-    fn start_times(&self) -> Vec<(String, DriverKind, std::time::Duration)> {
-        ChartTestbed::start_times(self)
-    }
-    fn admin_kubeconfig(&self) -> PathBuf {
-        e2e::ChartHost::admin_kubeconfig(self.host()).to_path_buf()
-    }
-    /// The cluster belongs to `cargo xtask e2e`, which deletes it.
-    fn shutdown(self) -> TeardownReport {
-        TeardownReport::default()
-    }
-}
 
 fn main() -> ExitCode {
     let (Some(kubeconfig), Some(work)) = (

@@ -6,22 +6,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use e2e::scenarios::{self, SCENARIOS};
-use e2e::{DriverKind, Figures, TeardownReport, Testbed};
+use e2e::{Figures, ManagedTestbed};
 use libtest_mimic::{Arguments, Failed, Trial};
-
-/// What the harness needs of a testbed besides the scenarios' [`Testbed`].
-pub trait Bed: Testbed + 'static {
-    /// Start → complete pool of the first start of each driver.
-    fn start_times(&self) -> Vec<(String, DriverKind, std::time::Duration)>;
-    fn admin_kubeconfig(&self) -> std::path::PathBuf;
-    fn shutdown(self) -> TeardownReport;
-}
 
 type Start<B> = Box<
     dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = e2e::Result<B>>>> + Send + Sync,
 >;
 
-struct Shared<B: Bed> {
+struct Shared<B: ManagedTestbed + 'static> {
     runtime: tokio::runtime::Runtime,
     /// `None` until the first scenario starts it; `Err` when bring-up failed.
     testbed: Mutex<Option<Result<Arc<B>, String>>>,
@@ -29,7 +21,7 @@ struct Shared<B: Bed> {
     start: Start<B>,
 }
 
-impl<B: Bed> Shared<B> {
+impl<B: ManagedTestbed + 'static> Shared<B> {
     fn testbed(&self) -> Result<Arc<B>, Failed> {
         let mut guard = self
             .testbed
@@ -62,7 +54,7 @@ impl<B: Bed> Shared<B> {
     }
 }
 
-fn figures<B: Bed>(shared: &Shared<B>, tb: &B) -> Figures {
+fn figures<B: ManagedTestbed + 'static>(shared: &Shared<B>, tb: &B) -> Figures {
     let mut f = Figures {
         bring_up_ms: shared.bring_up_ms.lock().map(|m| *m).unwrap_or(0),
         ..Default::default()
@@ -92,24 +84,14 @@ fn figures<B: Bed>(shared: &Shared<B>, tb: &B) -> Figures {
 
 fn print_figures(f: &Figures) {
     eprintln!("==> figures (measured, not asserted)");
-    eprintln!("    testbed bring-up: {} ms", f.bring_up_ms);
-    for (node, driver, ms) in &f.start_to_slices_ms {
-        eprintln!("    start → slices visible  {node:<5} {driver:<16} {ms:>6} ms");
-    }
-    for (node, driver, n, ms) in &f.prepare_latency {
-        eprintln!("    prepare latency         {node:<5} {driver:<16} {ms:>8.1} ms mean over {n}");
-    }
-    for (node, driver, kib) in &f.rss_kib {
-        eprintln!(
-            "    RSS after the run       {node:<5} {driver:<16} {:>8.1} MiB",
-            *kib as f64 / 1024.0
-        );
+    for line in f.lines() {
+        eprintln!("{line}");
     }
 }
 
 /// Runs the scenarios as libtest trials on the testbed `start` brings up;
 /// figures go to the file named by the environment variable `figures_env`.
-pub fn main<B: Bed>(start: Start<B>, figures_env: &str) -> ExitCode {
+pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> ExitCode {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
