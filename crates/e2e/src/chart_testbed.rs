@@ -431,10 +431,6 @@ impl<H: ChartHost> ChartTestbed<H> {
         Ok(tb)
     }
 
-    pub fn host(&self) -> &H {
-        &self.host
-    }
-
     /// Label → pool complete of the first start of each driver.
     fn first_starts(&self) -> Vec<(String, DriverKind, Duration)> {
         self.start_times

@@ -82,11 +82,6 @@ pub fn host_paths() -> HostPaths {
     }
 }
 
-/// The release name of `kind`'s chart (or of the GPU test DaemonSet) on kind.
-pub fn release_name(kind: DriverKind) -> String {
-    crate::chart_testbed::release_name(kind, None)
-}
-
 /// `VmRSS` of `/proc/<pid>/status` text, KiB.
 pub fn vm_rss_kib(status: &str) -> Option<u64> {
     status
