@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
+use e2e::versions::{CI_RELEASES, MAIN_MINOR};
 
 #[derive(clap::Args)]
 pub struct CiArgs {
@@ -16,77 +17,91 @@ pub struct CiArgs {
 }
 
 struct Step {
-    name: &'static str,
+    name: String,
     program: &'static str,
-    args: &'static [&'static str],
+    args: Vec<String>,
     env: &'static [(&'static str, &'static str)],
 }
 
-const STEPS: &[Step] = &[
+fn step(name: &str, args: &[&str]) -> Step {
     Step {
-        name: "fmt",
+        name: name.to_string(),
         program: "cargo",
-        args: &["fmt", "--all", "--check"],
+        args: args.iter().map(|a| a.to_string()).collect(),
         env: &[],
-    },
-    Step {
-        name: "clippy",
-        program: "cargo",
-        args: &[
+    }
+}
+
+/// Which local testbeds run on each release CI covers: both on the main
+/// release (what users deploy next, and the chart path as shipped), the
+/// host-process testbed on the oldest (every scenario once more, within the
+/// CI budget of docs/e2e.md).
+fn e2e_matrix() -> Vec<(u32, &'static str)> {
+    CI_RELEASES
+        .iter()
+        .map(|&minor| (minor, if minor == MAIN_MINOR { "all" } else { "host" }))
+        .collect()
+}
+
+fn steps() -> Vec<Step> {
+    let mut steps = vec![
+        step("fmt", &["fmt", "--all", "--check"]),
+        step(
             "clippy",
-            "--workspace",
-            "--all-targets",
-            "--locked",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        env: &[],
-    },
-    Step {
-        name: "doc",
-        program: "cargo",
-        args: &["doc", "--workspace", "--no-deps", "--locked"],
-        env: &[("RUSTDOCFLAGS", "-D warnings")],
-    },
-    Step {
-        name: "test",
-        program: "cargo",
-        args: &["test", "--workspace", "--exclude", "e2e", "--locked"],
-        env: &[],
-    },
-    // Kubernetes, etcd and containerd from their Go modules (cached under
-    // ~/.cache/aws-dra; seconds when warm, ~15 minutes cold on 2 cores).
-    Step {
-        name: "k8s-build",
-        program: "cargo",
-        args: &["xtask", "k8s", "build"],
-        env: &[],
-    },
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
+        Step {
+            env: &[("RUSTDOCFLAGS", "-D warnings")],
+            ..step("doc", &["doc", "--workspace", "--no-deps", "--locked"])
+        },
+        step(
+            "test",
+            &["test", "--workspace", "--exclude", "e2e", "--locked"],
+        ),
+    ];
+    // Kubernetes (every CI release), etcd and containerd from their Go
+    // modules (cached under ~/.cache/aws-dra; seconds when warm, ~10 minutes
+    // a release cold on 2 cores).
+    let mut k8s = vec!["xtask", "k8s", "build"];
+    let minors: Vec<String> = CI_RELEASES.iter().map(|m| format!("1.{m}")).collect();
+    for m in &minors {
+        k8s.extend(["--kubernetes", m.as_str()]);
+    }
+    steps.push(step("k8s-build", &k8s));
     // The container image's compile step (same command as the Dockerfile).
-    Step {
-        name: "image-build",
-        program: "cargo",
-        args: crate::image::BUILD_ARGS,
-        env: &[],
-    },
+    steps.push(step("image-build", crate::image::BUILD_ARGS));
     // The end-to-end suite on a local cluster of real components, with the
-    // drivers just built for the image (so it tests what ships): builds helm
-    // and the GPU test driver, runs `cargo test -p e2e` (cluster proof test +
-    // the scenarios), prints the figures.
-    Step {
-        name: "e2e",
-        program: "cargo",
-        args: &["xtask", "e2e", "--cluster", "local", "--release"],
-        env: &[],
-    },
-    Step {
-        name: "charts",
-        program: "cargo",
-        args: &["xtask", "charts", "check"],
-        env: &[],
-    },
-];
+    // drivers just built for the image (so it tests what ships), once per
+    // release: builds helm and the GPU test driver, runs `cargo test -p e2e`
+    // (cluster proof test + the scenarios), prints the figures and skips.
+    for (minor, testbed) in e2e_matrix() {
+        let version = format!("1.{minor}");
+        steps.push(step(
+            &format!("e2e-{version}"),
+            &[
+                "xtask",
+                "e2e",
+                "--cluster",
+                "local",
+                "--release",
+                "--kubernetes",
+                &version,
+                "--testbed",
+                testbed,
+            ],
+        ));
+    }
+    steps.push(step("charts", &["xtask", "charts", "check"]));
+    steps
+}
 
 /// Tests write thousands of small sysfs fixture files; on some disks each
 /// create costs most of a millisecond, on tmpfs microseconds. Use a directory
@@ -103,9 +118,19 @@ fn tmpfs_scratch() -> Option<std::path::PathBuf> {
 
 pub fn run(args: CiArgs) -> Result<()> {
     let started = Instant::now();
-    let mut results: Vec<(&str, bool, Duration)> = Vec::new();
+    let mut results: Vec<(String, bool, Duration)> = Vec::new();
     let scratch = tmpfs_scratch();
-    for step in STEPS {
+    let work = crate::charts::repo_root().join(".e2e");
+    // The summary reads the e2e figures: none may be left from an earlier run.
+    if let Ok(entries) = std::fs::read_dir(&work) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("figures-") && name.ends_with(".json") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    for step in steps() {
         eprintln!(
             "==> ci: {} ({} {})",
             step.name,
@@ -114,7 +139,7 @@ pub fn run(args: CiArgs) -> Result<()> {
         );
         let t = Instant::now();
         let mut command = Command::new(step.program);
-        command.args(step.args).envs(step.env.iter().copied());
+        command.args(&step.args).envs(step.env.iter().copied());
         if let Some(dir) = &scratch {
             command.env("TMPDIR", dir);
         }
@@ -124,7 +149,11 @@ pub fn run(args: CiArgs) -> Result<()> {
             break;
         }
     }
-    let failed: Vec<&str> = results.iter().filter(|r| !r.1).map(|r| r.0).collect();
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| !r.1)
+        .map(|r| r.0.as_str())
+        .collect();
     let summary: Vec<String> = results
         .iter()
         .map(|(n, ok, d)| {
@@ -145,8 +174,46 @@ pub fn run(args: CiArgs) -> Result<()> {
         started.elapsed().as_secs_f64(),
         summary.join(", ")
     );
+    for line in e2e_summary(&work) {
+        eprintln!("{line}");
+    }
     if !failed.is_empty() {
         bail!("ci failed: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// One line per release and testbed that ran: outcome counts and every skip
+/// with its reason.
+fn e2e_summary(work: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for (minor, _) in e2e_matrix() {
+        let Ok(release) = e2e::Release::for_minor(minor) else {
+            continue;
+        };
+        let version = release.version();
+        for suffix in ["host", "charts"] {
+            let file = crate::e2e::figures_file(work, &version, suffix);
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            let Ok(f) = serde_json::from_str::<e2e::Figures>(&text) else {
+                out.push(format!(
+                    "ci: e2e {version} ({suffix}): {} unreadable",
+                    file.display()
+                ));
+                continue;
+            };
+            out.push(format!(
+                "ci: e2e Kubernetes {version} ({suffix} testbed): {} passed, {} failed, {} skipped",
+                f.passed,
+                f.failed,
+                f.skipped.len()
+            ));
+            for (name, why) in &f.skipped {
+                out.push(format!("ci:     skipped {name}: {why}"));
+            }
+        }
+    }
+    out
 }

@@ -12,6 +12,10 @@
 //! `--charts` installs the drivers as a platform team would, with `helm
 //! upgrade --install` of the charts (DaemonSet pods; the end-to-end suite's
 //! chart testbed) instead of running them as host processes.
+//!
+//! It runs the main Kubernetes release (`crates/e2e/src/versions.rs`;
+//! `--kubernetes 1.34` for the oldest) and builds `kubectl` of the same
+//! release, so that a newcomer without one can paste the commands it prints.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -31,6 +35,9 @@ pub struct DemoArgs {
     /// Install the drivers from the Helm charts (DaemonSet pods).
     #[arg(long)]
     charts: bool,
+    /// Kubernetes release: a minor (`1.37`, `1.34`) or an exact version.
+    #[arg(long, alias = "k8s-version", default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    kubernetes: String,
 }
 
 const NAMESPACE: &str = "demo";
@@ -58,31 +65,62 @@ const EXAMPLES: &[(&str, Option<&str>)] = &[
 
 pub fn run(args: DemoArgs) -> Result<()> {
     let root = crate::charts::repo_root();
-    let bin_dir =
-        crate::e2e::build_prerequisites(&root, false, e2e::toolchain::DEFAULT_KUBERNETES_VERSION)?;
+    let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
+    let bin_dir = crate::e2e::build_prerequisites(&root, false, &version)?;
+    let kubectl = e2e::Binaries::locate(&version)?.kubectl;
+    let options = LocalOptions {
+        bin_dir: Some(bin_dir),
+        kubernetes_version: version.clone(),
+        ..LocalOptions::default()
+    };
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         let started = Instant::now();
         if args.charts {
-            eprintln!("==> demo: starting the local cluster, installing the charts");
-            let tb =
-                ChartTestbed::start_local(&LocalOptions::default().nodes, Some(&bin_dir)).await?;
-            present(tb, started, args.once).await
+            eprintln!(
+                "==> demo: Kubernetes {version}: starting the local cluster, installing the charts"
+            );
+            let tb = ChartTestbed::start_local(&options).await?;
+            present(tb, started, args.once, &kubectl).await
         } else {
-            eprintln!("==> demo: starting the local cluster and the drivers");
-            let tb = LocalTestbed::start(LocalOptions {
-                bin_dir: Some(bin_dir),
-                ..LocalOptions::default()
-            })
-            .await?;
-            present(tb, started, args.once).await
+            eprintln!("==> demo: Kubernetes {version}: starting the local cluster and the drivers");
+            let tb = LocalTestbed::start(options).await?;
+            present(tb, started, args.once, &kubectl).await
         }
     })
 }
 
+/// Ready-to-paste commands for the running demo, with the kubectl built for
+/// its release and its kubeconfig.
+fn commands(
+    kubectl: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    pod: Option<&str>,
+) -> Vec<String> {
+    let k = format!(
+        "{} --kubeconfig {}",
+        kubectl.display(),
+        kubeconfig.display()
+    );
+    let mut out = vec![
+        format!("{k} get resourceslices -o wide"),
+        format!("{k} get resourceclaims -n {NAMESPACE}"),
+        format!("{k} get pods -n {NAMESPACE} -o wide"),
+    ];
+    if let Some(pod) = pod {
+        out.push(format!("{k} describe pod -n {NAMESPACE} {pod}"));
+    }
+    out
+}
+
 /// Applies the examples and prints the table, then (unless `once`) waits for
 /// Ctrl-C, and tears the testbed down.
-async fn present(tb: impl ManagedTestbed, started: Instant, once: bool) -> Result<()> {
+async fn present(
+    tb: impl ManagedTestbed,
+    started: Instant,
+    once: bool,
+    kubectl: &std::path::Path,
+) -> Result<()> {
     eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
     let result = apply_and_print(&tb).await;
     if let Err(e) = &result {
@@ -90,10 +128,15 @@ async fn present(tb: impl ManagedTestbed, started: Instant, once: bool) -> Resul
     }
     eprintln!("\nexport KUBECONFIG={}", tb.admin_kubeconfig().display());
     eprintln!("logs: {}", tb.run_dir().display());
+    eprintln!("\nTry (kubectl of the same release, built here):");
+    let first_pod = EXAMPLES
+        .iter()
+        .find_map(|(_, template)| template.map(|t| format!("{t}-pod")));
+    for command in commands(kubectl, tb.admin_kubeconfig(), first_pod.as_deref()) {
+        println!("  {command}");
+    }
     if !once {
-        eprintln!(
-            "==> running; try `kubectl get resourceslices,resourceclaims -A`. Ctrl-C tears it down."
-        );
+        eprintln!("==> running; Ctrl-C tears it down.");
         // The cluster's SIGINT handler tears down and exits.
         std::future::pending::<()>().await;
     }
@@ -235,5 +278,29 @@ fn short_driver(driver: &str) -> &str {
         "neuron.aws.com" => "neuron",
         "gpu.nvidia.com" => "gpu",
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_commands_name_the_kubectl_and_kubeconfig() {
+        let cmds = commands(
+            std::path::Path::new("/c/kubectl"),
+            std::path::Path::new("/r/admin.kubeconfig"),
+            Some("p"),
+        );
+        assert_eq!(cmds.len(), 4);
+        for c in &cmds {
+            assert!(
+                c.starts_with("/c/kubectl --kubeconfig /r/admin.kubeconfig "),
+                "{c}"
+            );
+        }
+        assert!(cmds[0].ends_with("get resourceslices -o wide"));
+        assert!(cmds[1].ends_with("get resourceclaims -n demo"));
+        assert!(cmds[3].ends_with("describe pod -n demo p"));
     }
 }

@@ -34,6 +34,34 @@ pub enum ClusterKind {
     Local,
 }
 
+/// Which local testbeds run the scenarios.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TestbedChoice {
+    /// The drivers as host processes (`tests/scenarios.rs`) and the cluster proof test.
+    Host,
+    /// The drivers installed from the Helm charts, as DaemonSet pods (`tests/scenarios_chart.rs`).
+    Charts,
+    /// Both, each on its own cluster.
+    All,
+}
+
+impl TestbedChoice {
+    /// `(label, cargo test target, figures file name suffix)` of each testbed it runs.
+    fn targets(self) -> Vec<(&'static str, &'static str, &'static str)> {
+        let host = ("drivers as host processes", "scenarios", "host");
+        let charts = (
+            "drivers from the charts, as DaemonSet pods",
+            "scenarios_chart",
+            "charts",
+        );
+        match self {
+            Self::Host => vec![host],
+            Self::Charts => vec![charts],
+            Self::All => vec![host, charts],
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct E2eArgs {
     /// Where the cluster comes from.
@@ -50,10 +78,14 @@ pub struct E2eArgs {
     /// RSS figure is the production one. The GPU test driver stays a debug build.
     #[arg(long)]
     pub release: bool,
-    /// Kubernetes release of the local cluster (a compatibility run; any
-    /// version the Go module proxy serves, built and cached on first use).
-    #[arg(long, default_value = e2e::toolchain::DEFAULT_KUBERNETES_VERSION)]
-    pub k8s_version: String,
+    /// Kubernetes release: a minor (`1.37`, `1.34`: the patch
+    /// `crates/e2e/src/versions.rs` pins) or an exact version of a known
+    /// minor; built from the Go modules and cached on first use.
+    #[arg(long, alias = "k8s-version", default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    pub kubernetes: String,
+    /// Which local testbeds run the scenarios (`--cluster local`).
+    #[arg(long, value_enum, default_value_t = TestbedChoice::All)]
+    pub testbed: TestbedChoice,
 }
 
 pub fn run(args: E2eArgs) -> Result<()> {
@@ -67,10 +99,14 @@ pub fn run(args: E2eArgs) -> Result<()> {
 
 /// What `e2e` and `demo` need before a local cluster can start; returns the
 /// directory of the driver binaries. Prints each step's time.
-pub fn build_prerequisites(root: &Path, release: bool, k8s_version: &str) -> Result<PathBuf> {
+pub fn build_prerequisites(
+    root: &Path,
+    release: bool,
+    version: &e2e::KubernetesVersion,
+) -> Result<PathBuf> {
     let started = Instant::now();
-    eprintln!("==> e2e: Kubernetes components (cached under ~/.cache/aws-dra)");
-    let version = e2e::KubernetesVersion::parse(k8s_version)?;
+    eprintln!("==> e2e: Kubernetes {version} components (cached under ~/.cache/aws-dra)");
+    let version = version.clone();
     let t = Instant::now();
     e2e::toolchain::ensure_built(e2e::toolchain::BuildOptions {
         kubernetes_version: version,
@@ -146,39 +182,55 @@ fn cargo(root: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// The figures file of one testbed run on one Kubernetes version.
+pub fn figures_file(work: &Path, version: &e2e::KubernetesVersion, suffix: &str) -> PathBuf {
+    work.join(format!("figures-{version}-{suffix}.json"))
+}
+
 fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     let started = Instant::now();
-    let bin_dir = build_prerequisites(root, args.release, &args.k8s_version)?;
+    let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
+    let bin_dir = build_prerequisites(root, args.release, &version)?;
     let build_s = started.elapsed().as_secs_f64();
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
-    let figures = work.join("figures.json");
-    let _ = std::fs::remove_file(&figures);
-    let chart_figures = work.join("figures-chart.json");
-    let _ = std::fs::remove_file(&chart_figures);
+    let testbeds = if args.keep {
+        TestbedChoice::Host.targets()
+    } else {
+        args.testbed.targets()
+    };
     let mut test = Command::new("cargo");
     test.current_dir(root)
-        .args(["test", "--locked", "-p", "e2e"])
+        .args(["test", "--locked", "-p", "e2e", "--lib"])
         .env("AWS_DRA_BIN_DIR", &bin_dir)
-        .env("AWS_DRA_E2E_FIGURES", &figures)
-        .env("AWS_DRA_E2E_CHART_FIGURES", &chart_figures)
-        .env("AWS_DRA_K8S_VERSION", &args.k8s_version);
-    if args.keep {
-        test.args(["--test", "scenarios"])
-            .env("AWS_DRA_E2E_KEEP", "1");
+        .env("AWS_DRA_K8S_VERSION", version.to_string());
+    if testbeds.iter().any(|t| t.1 == "scenarios") && !args.keep {
+        // The cluster proof test goes with the host-process testbed.
+        test.args(["--test", "two_nodes"]);
     }
-    eprintln!("==> e2e: cargo test -p e2e (scenarios on a local cluster; logs under target/e2e/)");
+    for (_, target, suffix) in &testbeds {
+        let file = figures_file(work, &version, suffix);
+        let _ = std::fs::remove_file(&file);
+        test.args(["--test", target]);
+        let var = match *target {
+            "scenarios" => "AWS_DRA_E2E_FIGURES",
+            _ => "AWS_DRA_E2E_CHART_FIGURES",
+        };
+        test.env(var, &file);
+    }
+    if args.keep {
+        test.env("AWS_DRA_E2E_KEEP", "1");
+    }
+    eprintln!("==> e2e: cargo test -p e2e on Kubernetes {version} (logs under target/e2e/)");
     let t = Instant::now();
     let status = test.status().context("running cargo test -p e2e")?;
     let test_s = t.elapsed().as_secs_f64();
-    eprintln!("==> e2e figures (measured, not asserted)");
+    eprintln!("==> e2e figures on Kubernetes {version} (measured, not asserted)");
     eprintln!("    prerequisites (build; warm when cached): {build_s:.1}s");
     eprintln!("    cargo test -p e2e: {test_s:.1}s");
-    for (label, file) in [
-        ("drivers as host processes", &figures),
-        ("drivers from the charts, as DaemonSet pods", &chart_figures),
-    ] {
+    for (label, _, suffix) in &testbeds {
         eprintln!("  {label}:");
-        match std::fs::read_to_string(file) {
+        let file = figures_file(work, &version, suffix);
+        match std::fs::read_to_string(&file) {
             Ok(text) => match serde_json::from_str::<e2e::Figures>(&text) {
                 Ok(f) => print_figures(&f),
                 Err(e) => eprintln!("    {} unreadable: {e}", file.display()),
@@ -187,7 +239,9 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
         }
     }
     if !status.success() {
-        bail!("end-to-end tests failed ({status}); component logs are under target/e2e/<run>/");
+        bail!(
+            "end-to-end tests on Kubernetes {version} failed ({status}); component logs are under target/e2e/<run>/"
+        );
     }
     Ok(())
 }
@@ -202,8 +256,8 @@ pub fn print_figures(f: &e2e::Figures) {
 fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     // Before any build: a machine without Docker learns it at once.
     crate::kind::check_tools()?;
-    let bin_dir = build_prerequisites(root, true, &args.k8s_version)?;
-    let version = e2e::KubernetesVersion::parse(&args.k8s_version)?;
+    let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
+    let bin_dir = build_prerequisites(root, true, &version)?;
     let probe = e2e::Binaries::locate(&version)?.probe_image;
     let kubeconfig = crate::kind::bring_up(root, work, &bin_dir, &probe)?;
     let figures = work.join("figures-kind.json");
@@ -254,6 +308,16 @@ mod tests {
         }
         assert!(Cli::try_parse_from(["x", "--cluster", "eks"]).is_err());
         assert!(!Cli::try_parse_from(["x"]).unwrap().e2e.keep);
+        let parsed =
+            Cli::try_parse_from(["x", "--kubernetes", "1.34", "--testbed", "host"]).unwrap();
+        assert_eq!(parsed.e2e.kubernetes, "1.34");
+        assert_eq!(parsed.e2e.testbed, TestbedChoice::Host);
+        let old_flag = Cli::try_parse_from(["x", "--k8s-version", "v1.37.2"]).unwrap();
+        assert_eq!(old_flag.e2e.kubernetes, "v1.37.2");
+        assert_eq!(
+            Cli::try_parse_from(["x"]).unwrap().e2e.kubernetes,
+            format!("1.{}", e2e::versions::MAIN_MINOR)
+        );
         assert!(
             Cli::try_parse_from(["x", "--cluster", "local", "--keep"])
                 .unwrap()

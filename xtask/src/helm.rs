@@ -1,6 +1,6 @@
 //! The `helm` CLI, built from its Go module and cached.
 //!
-//! The version is pinned by the wrapper module in `xtask/go/helm/go.mod`
+//! The version is pinned by the wrapper module in `e2e/go/helm/go.mod`
 //! (with its `go.sum`), so every machine builds the same Helm from the Go
 //! module proxy; nothing is downloaded as a prebuilt binary. The binary lands
 //! in `~/.cache/aws-dra/helm/<version>/helm` (or under `$AWS_DRA_CACHE_DIR`) and
@@ -19,7 +19,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 /// Wrapper module, relative to the repository root.
-const WRAPPER_DIR: &str = "xtask/go/helm";
+const WRAPPER_DIR: &str = "e2e/go/helm";
 /// The module whose `cmd/helm` package is built.
 const HELM_MODULE: &str = "helm.sh/helm/v4";
 

@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use e2e::toolchain::{self, BuildOptions, DEFAULT_KUBERNETES_VERSION, KubernetesVersion};
+use e2e::KubernetesVersion;
+use e2e::toolchain::{self, BuildOptions};
+use e2e::versions::MAIN_MINOR;
 use e2e::{ClusterConfig, LocalCluster, NodeSpec};
 
 #[derive(clap::Args)]
@@ -28,21 +30,25 @@ enum K8sCommand {
     Build(BuildArgs),
     /// Start a local cluster and print its kubeconfig.
     Up(UpArgs),
-    /// Regenerate the k8s.io/kubernetes wrapper go.mod for a version (needs the Go proxy).
+    /// Regenerate the k8s.io/kubernetes wrapper go.mod of a release (needs
+    /// the Go proxy); written to the release's committed module directory
+    /// (`e2e/go/kubernetes/v1.MINOR`) unless `--out` says otherwise.
     GenModule {
-        #[arg(long, default_value = DEFAULT_KUBERNETES_VERSION)]
-        k8s_version: String,
-        /// Directory to write go.mod/go.sum into.
-        #[arg(long, default_value = "e2e/go/kubernetes")]
-        out: PathBuf,
+        /// A minor (`1.37`, its pinned patch) or an exact version.
+        #[arg(long, alias = "k8s-version", default_value_t = format!("1.{MAIN_MINOR}"))]
+        kubernetes: String,
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
 #[derive(clap::Args)]
 struct BuildArgs {
-    /// Kubernetes release to build (any version the Go module proxy serves).
-    #[arg(long, default_value = DEFAULT_KUBERNETES_VERSION)]
-    k8s_version: String,
+    /// Kubernetes release to build: a minor (`1.37`, `1.34`: the patch
+    /// `crates/e2e/src/versions.rs` pins) or an exact version of a known minor.
+    /// Repeat it to build several (`up` uses the first).
+    #[arg(long, alias = "k8s-version", default_values_t = [format!("1.{MAIN_MINOR}")])]
+    kubernetes: Vec<String>,
     /// Do not apt-get install runc / containernetworking-plugins when missing.
     #[arg(long)]
     no_host_packages: bool,
@@ -67,9 +73,13 @@ pub fn run(args: K8sArgs) -> Result<()> {
             Ok(())
         }
         K8sCommand::Up(up) => up_cluster(up),
-        K8sCommand::GenModule { k8s_version, out } => {
-            let version = KubernetesVersion::parse(&k8s_version)?;
-            toolchain::generate_kubernetes_module(&version, &out)?;
+        K8sCommand::GenModule { kubernetes, out } => {
+            let version = KubernetesVersion::resolve(&kubernetes)?;
+            let out = match out {
+                Some(dir) => dir,
+                None => toolchain::repo_root().join(version.release()?.module_dir()),
+            };
+            e2e::go_build::generate_kubernetes_module(&version, &out)?;
             eprintln!("wrote {}/go.mod and go.sum for {version}", out.display());
             Ok(())
         }
@@ -77,7 +87,16 @@ pub fn run(args: K8sArgs) -> Result<()> {
 }
 
 fn build_all(args: &BuildArgs) -> Result<e2e::Binaries> {
-    let version = KubernetesVersion::parse(&args.k8s_version)?;
+    let mut first = None;
+    for text in &args.kubernetes {
+        let binaries = build_one(args, &KubernetesVersion::resolve(text)?)?;
+        first.get_or_insert(binaries);
+    }
+    first.context("no --kubernetes version given")
+}
+
+fn build_one(args: &BuildArgs, version: &KubernetesVersion) -> Result<e2e::Binaries> {
+    let version = version.clone();
     let started = Instant::now();
     eprintln!(
         "==> k8s build: Kubernetes {version}, etcd {}, containerd {} (cache {})",

@@ -40,10 +40,12 @@ use sysfs_fixtures::Fixture;
 use crate::charts::{self, Chart, Helm};
 use crate::cluster::{ClusterConfig, LocalCluster, NodeSpec, TeardownReport};
 use crate::error::{Error, Result, io};
+use crate::local::LocalOptions;
 use crate::local::{GPU_TEST_MANIFEST, adapt_pod_for_local, rss_kib, wait_pool_complete};
 use crate::manifests;
 use crate::process::run_checked;
 use crate::testbed::{DriverKind, ManagedTestbed, NodeInfo, Testbed};
+use crate::versions::KubernetesVersion;
 
 /// Prefix of the node labels that switch a driver on (`<prefix><binary>=run`).
 pub const RUN_LABEL_PREFIX: &str = "e2e.aws-dra.dev/";
@@ -997,8 +999,13 @@ pub struct LocalChartHost {
 impl LocalChartHost {
     /// Starts a local cluster with `nodes` (`(name, instance type)`) and
     /// loads the driver image (binaries from `bin_dir`) into every node.
-    pub async fn start(nodes: &[(String, String)], bin_dir: &Path) -> Result<Self> {
+    pub async fn start(
+        nodes: &[(String, String)],
+        bin_dir: &Path,
+        kubernetes_version: &KubernetesVersion,
+    ) -> Result<Self> {
         let mut config = ClusterConfig::with_nodes(&[]);
+        config.kubernetes_version = kubernetes_version.clone();
         config.nodes = nodes.iter().map(|(n, t)| node_spec(n, t)).collect();
         let cluster = LocalCluster::start(config).await?;
         let client = cluster.client()?;
@@ -1204,21 +1211,19 @@ impl ChartTestbed<LocalChartHost> {
     /// The local cluster of [`crate::local::LocalOptions::default`]'s nodes
     /// with the drivers installed from the charts; driver binaries from
     /// `bin_dir`, or where [`crate::local::driver_bin_dir`] finds them.
-    pub async fn start_local(
-        nodes: &[(String, String, Vec<DriverKind>)],
-        bin_dir: Option<&Path>,
-    ) -> Result<Self> {
-        let bin_dir = match bin_dir {
-            Some(d) => d.to_path_buf(),
+    pub async fn start_local(options: &LocalOptions) -> Result<Self> {
+        let bin_dir = match &options.bin_dir {
+            Some(d) => d.clone(),
             None => crate::local::driver_bin_dir(&DriverKind::ALL)?,
         };
-        let names: Vec<(String, String)> = nodes
+        let names: Vec<(String, String)> = options
+            .nodes
             .iter()
             .map(|(n, t, _)| (n.clone(), t.clone()))
             .collect();
-        let host = LocalChartHost::start(&names, &bin_dir).await?;
+        let host = LocalChartHost::start(&names, &bin_dir, &options.kubernetes_version).await?;
         let work = host.run_dir().join("charts");
-        Self::start(host, nodes, &work).await
+        Self::start(host, &options.nodes, &work).await
     }
 }
 

@@ -8,7 +8,7 @@
 //!
 //! `helm` is the binary `cargo xtask charts check` builds from its Go module
 //! into `<cache>/helm/<version>/helm` (`AWS_DRA_CACHE_DIR` or `~/.cache/aws-dra`; the version pinned by
-//! `xtask/go/helm/go.mod`); `AWS_DRA_HELM` overrides the path. This module
+//! `e2e/go/helm/go.mod`); `AWS_DRA_HELM` overrides the path. This module
 //! never builds it: `cargo xtask e2e --cluster local` does that first.
 
 use std::path::{Path, PathBuf};
@@ -56,7 +56,7 @@ pub struct Helm {
     home: PathBuf,
 }
 
-/// The version `xtask/go/helm/go.mod` requires of `helm.sh/helm/v4`.
+/// The version `e2e/go/helm/go.mod` requires of `helm.sh/helm/v4`.
 pub fn pinned_helm_version(go_mod: &str) -> Option<String> {
     go_mod.lines().find_map(|l| {
         let l = l.trim().trim_start_matches("require").trim();
@@ -86,7 +86,7 @@ impl Helm {
                 .map_or_else(|| PathBuf::from("."), |d| d.join("home"));
             return Ok(Helm { binary, home });
         }
-        let go_mod = repo_root().join("xtask/go/helm/go.mod");
+        let go_mod = repo_root().join("e2e/go/helm/go.mod");
         let text = std::fs::read_to_string(&go_mod).map_err(io("reading", &go_mod))?;
         let version = pinned_helm_version(&text).ok_or_else(|| Error::Manifest {
             what: go_mod.display().to_string(),
@@ -180,7 +180,7 @@ mod tests {
             Some("v4.0.1")
         );
         assert_eq!(pinned_helm_version("module m\n"), None);
-        let committed = std::fs::read_to_string(repo_root().join("xtask/go/helm/go.mod")).unwrap();
+        let committed = std::fs::read_to_string(repo_root().join("e2e/go/helm/go.mod")).unwrap();
         assert!(pinned_helm_version(&committed).is_some());
     }
 

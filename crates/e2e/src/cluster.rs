@@ -31,7 +31,8 @@ use crate::error::{Error, Result, io};
 use crate::node::{self, LocalNode, NodeProcesses};
 use crate::pki::{self, CertPair, ClusterCa, Credentials};
 use crate::process::{self, ManagedProcess, TeardownGuard};
-use crate::toolchain::{Binaries, DEFAULT_KUBERNETES_VERSION, KubernetesVersion, repo_root};
+use crate::toolchain::{Binaries, default_kubernetes_version, repo_root};
+use crate::versions::KubernetesVersion;
 
 /// The address the kubelets serve on; added to `lo` if missing.
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -86,23 +87,17 @@ impl ClusterConfig {
     }
 }
 
-/// `AWS_DRA_K8S_VERSION` when set and valid, else the pinned version. An
-/// invalid value is reported and ignored rather than silently testing
-/// something else than asked: the version is logged at cluster start.
+/// `AWS_DRA_K8S_VERSION` when set and valid (a minor such as `1.34` or an
+/// exact version), else the main release's pinned patch. An invalid value is
+/// reported and ignored rather than silently testing something else than
+/// asked: the version is logged at cluster start.
 pub fn selected_kubernetes_version() -> KubernetesVersion {
-    let pinned = || {
-        KubernetesVersion::parse(DEFAULT_KUBERNETES_VERSION).unwrap_or(KubernetesVersion {
-            major: 1,
-            minor: 34,
-            patch: 0,
-        })
-    };
     match std::env::var("AWS_DRA_K8S_VERSION") {
-        Ok(v) if !v.is_empty() => KubernetesVersion::parse(&v).unwrap_or_else(|e| {
-            tracing::error!(value = %v, error = %e, "AWS_DRA_K8S_VERSION is not a version; using the pinned one");
-            pinned()
+        Ok(v) if !v.is_empty() => KubernetesVersion::resolve(&v).unwrap_or_else(|e| {
+            tracing::error!(value = %v, error = %e, "AWS_DRA_K8S_VERSION is not a known version; using the main one");
+            default_kubernetes_version()
         }),
-        _ => pinned(),
+        _ => default_kubernetes_version(),
     }
 }
 
@@ -358,6 +353,8 @@ impl LocalCluster {
             &["system:masters"],
         )?;
         let sa = self.ca.service_account_key()?;
+        // Everything that differs between Kubernetes releases comes from its table.
+        let release = self.binaries.kubernetes_version.release()?;
         let mut apiserver = Command::new(&self.binaries.kube_apiserver);
         apiserver
             .arg(format!("--etcd-servers={etcd_url}"))
@@ -402,7 +399,8 @@ impl LocalCluster {
             .arg("--allow-privileged=true")
             // A loopback advertise address is refused by the endpoint reconciler.
             .arg("--endpoint-reconciler-type=none")
-            .arg("--profiling=false");
+            .arg("--profiling=false")
+            .args(release.control_plane_flags(true));
         self.spawn_control_plane("kube-apiserver", apiserver)?;
 
         let admin = self
@@ -454,7 +452,8 @@ impl LocalCluster {
                 "--cert-dir={}",
                 pki_dir.join("kcm-generated").display()
             ))
-            .arg("--controllers=*");
+            .arg("--controllers=*")
+            .args(release.control_plane_flags(false));
         self.spawn_control_plane("kube-controller-manager", kcm)?;
 
         // kube-scheduler
@@ -490,7 +489,8 @@ impl LocalCluster {
             .arg(format!(
                 "--cert-dir={}",
                 pki_dir.join("scheduler-generated").display()
-            ));
+            ))
+            .args(release.control_plane_flags(false));
         self.spawn_control_plane("kube-scheduler", scheduler)?;
 
         // The controller-manager is up once it created the default ServiceAccount

@@ -34,8 +34,12 @@ pub enum Error {
         found: String,
         expected: String,
     },
-    #[error("invalid Kubernetes version {0:?} (expected vMAJOR.MINOR.PATCH)")]
+    #[error(
+        "invalid Kubernetes version {0:?} (expected a minor such as 1.37 or an exact vMAJOR.MINOR.PATCH)"
+    )]
     BadVersion(String),
+    #[error("Kubernetes 1.{minor} has no table in crates/e2e/src/versions.rs (known: {known})")]
+    UnknownRelease { minor: u32, known: String },
     #[error("upstream go.mod {path} has no staging replace directives")]
     NoStagingReplaces { path: PathBuf },
     #[error("certificate {name}: {source}")]

@@ -21,6 +21,7 @@ pub mod chart_testbed;
 pub mod charts;
 pub mod cluster;
 pub mod error;
+pub mod go_build;
 pub mod image;
 pub mod kind_host;
 pub mod local;
@@ -31,6 +32,7 @@ pub mod process;
 pub mod scenarios;
 pub mod testbed;
 pub mod toolchain;
+pub mod versions;
 
 pub use chart_testbed::{ChartHost, ChartTestbed, LocalChartHost};
 pub use cluster::{
@@ -41,4 +43,5 @@ pub use error::{Error, Result};
 pub use local::{LocalOptions, LocalTestbed};
 pub use node::LocalNode;
 pub use testbed::{DriverKind, Figures, ManagedTestbed, NodeInfo, Testbed};
-pub use toolchain::{Binaries, KubernetesVersion, PAUSE_IMAGE, PROBE_IMAGE};
+pub use toolchain::{Binaries, PAUSE_IMAGE, PROBE_IMAGE};
+pub use versions::{DraFeature, KubernetesVersion, Release};

@@ -33,11 +33,14 @@ use serde_json::{Value, json};
 use sysfs_fixtures::Fixture;
 
 use crate::charts::{self, Helm};
-use crate::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
+use crate::cluster::{
+    ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport, selected_kubernetes_version,
+};
 use crate::error::{Error, Result, io};
 use crate::manifests;
 use crate::testbed::{DriverKind, ManagedTestbed, NodeInfo, Testbed};
 use crate::toolchain::{PAUSE_IMAGE, PROBE_IMAGE, repo_root};
+use crate::versions::KubernetesVersion;
 
 /// The test GPU driver's DeviceClass, ServiceAccount and RBAC.
 pub const GPU_TEST_MANIFEST: &str = include_str!("../manifests/gpu-test-driver.yaml");
@@ -54,6 +57,8 @@ pub struct LocalOptions {
     pub keep_state_dir: bool,
     /// Where the driver binaries are; `None`: [`driver_bin_dir`]'s lookup.
     pub bin_dir: Option<PathBuf>,
+    /// The Kubernetes release to run (default: `AWS_DRA_K8S_VERSION`, else the main release).
+    pub kubernetes_version: KubernetesVersion,
 }
 
 impl Default for LocalOptions {
@@ -74,6 +79,7 @@ impl Default for LocalOptions {
             ],
             keep_state_dir: false,
             bin_dir: None,
+            kubernetes_version: selected_kubernetes_version(),
         }
     }
 }
@@ -197,6 +203,7 @@ impl LocalTestbed {
         };
         let helm = Helm::locate()?;
         let mut config = ClusterConfig::with_nodes(&[]);
+        config.kubernetes_version = options.kubernetes_version.clone();
         config.keep_state_dir = options.keep_state_dir;
         config.nodes = options
             .nodes

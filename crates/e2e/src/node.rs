@@ -227,10 +227,12 @@ pub(crate) async fn start(
     }
 
     let kubelet_config = plan.run_dir.join("kubelet.config.json");
-    write_json(
-        &kubelet_config,
-        &kubelet_configuration(plan, &socket, &pod_logs, &volume_plugins),
-    )?;
+    let mut configuration = kubelet_configuration(plan, &socket, &pod_logs, &volume_plugins);
+    binaries
+        .kubernetes_version
+        .release()?
+        .apply_to_kubelet_config(&mut configuration)?;
+    write_json(&kubelet_config, &configuration)?;
     let mut kubelet_cmd = Command::new(&binaries.kubelet);
     kubelet_cmd
         .arg(format!("--config={}", kubelet_config.display()))
@@ -303,8 +305,6 @@ fn kubelet_configuration(
         "cgroupRoot": format!("/{}", plan.cgroup_root),
         "cgroupsPerQOS": true,
         "enforceNodeAllocatable": ["pods"],
-        // 1.34 still runs on cgroup v1 by default; 1.35 flips this, say it explicitly.
-        "failCgroupV1": false,
         "failSwapOn": false,
         "podLogsDir": pod_logs,
         "volumePluginDir": volume_plugins,

@@ -114,15 +114,33 @@ pub struct Figures {
     pub rss_kib: Vec<(String, String, u64)>,
     /// Cluster bring-up (control plane, nodes, charts, drivers), ms.
     pub bring_up_ms: u64,
+    /// The Kubernetes release the cluster ran.
+    #[serde(default)]
+    pub kubernetes_version: String,
+    /// Scenario outcomes: how many passed and failed.
+    #[serde(default)]
+    pub passed: u64,
+    #[serde(default)]
+    pub failed: u64,
+    /// `(scenario, reason)` of every scenario the release could not run.
+    #[serde(default)]
+    pub skipped: Vec<(String, String)>,
 }
 
 impl Figures {
     /// The figures as indented lines, for a terminal.
     pub fn lines(&self) -> Vec<String> {
         let mut out = vec![format!(
-            "    testbed bring-up: {:.1}s",
+            "    Kubernetes {}: {} passed, {} failed, {} skipped; testbed bring-up {:.1}s",
+            self.kubernetes_version,
+            self.passed,
+            self.failed,
+            self.skipped.len(),
             self.bring_up_ms as f64 / 1000.0
         )];
+        for (name, why) in &self.skipped {
+            out.push(format!("    skipped {name}: {why}"));
+        }
         for (node, driver, ms) in &self.start_to_slices_ms {
             out.push(format!(
                 "    start -> slices visible  {node:<5} {driver:<16} {ms:>6} ms"

@@ -1,35 +1,40 @@
 //! Building and locating the binaries the local cluster runs.
 //!
 //! Kubernetes, etcd and containerd are built from their Go modules through
-//! small wrapper modules kept in the repository (`e2e/go/*`); runc and the CNI
-//! plugins come from Debian packages. Everything built lands in a cache keyed
-//! by version (default `~/.cache/aws-dra/`, override `AWS_DRA_CACHE_DIR`),
-//! together with the Go module and build caches, so a warm run only checks
-//! stamps. A stamp file records exactly what produced a directory (versions,
-//! hash of the wrapper module, Go version, flags): if anything changes the
-//! directory is rebuilt, never half-reused.
-//!
-//! Builds run one at a time with `go build -p 2`: the machines this runs on
-//! are small and shared.
+//! small wrapper modules kept in the repository (`e2e/go/*`, one per
+//! Kubernetes minor under `e2e/go/kubernetes/`; see [`crate::versions`]);
+//! runc and the CNI plugins come from Debian packages. Everything built lands
+//! in a cache keyed by version (default `~/.cache/aws-dra/`, override
+//! `AWS_DRA_CACHE_DIR`), together with the Go module and build caches, so a
+//! warm run only checks stamps ([`crate::go_build`]).
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result, io};
+use crate::go_build::{
+    GoTarget, GoToolchain, KUBERNETES_COMMANDS, Progress, build_set, check_pin, kubernetes_ldflags,
+    run_with_heartbeat,
+};
 use crate::image::{self, ImageSpec};
 use crate::process::run_checked;
+use crate::versions::{KubernetesVersion, MAIN_MINOR, Release};
 
-/// The Kubernetes release the committed wrapper module pins: the newest
-/// v1.34.x patch the Go proxy served when it was generated. 1.34 is the oldest
-/// release we support and the first that serves `resource.k8s.io/v1`.
-pub const DEFAULT_KUBERNETES_VERSION: &str = "v1.34.4";
+/// The version the demo and a plain `cargo xtask e2e` run: the pinned patch
+/// of the main release ([`MAIN_MINOR`]).
+pub fn default_kubernetes_version() -> KubernetesVersion {
+    Release::for_minor(MAIN_MINOR).map_or(
+        KubernetesVersion {
+            major: 1,
+            minor: MAIN_MINOR,
+            patch: 0,
+        },
+        Release::version,
+    )
+}
 /// etcd pinned by `e2e/go/etcd/go.mod`.
 pub const ETCD_VERSION: &str = "v3.6.16";
 /// containerd pinned by `e2e/go/containerd/go.mod` (2.1.x supports 1.34 on CRI v1).
@@ -38,49 +43,6 @@ pub const CONTAINERD_VERSION: &str = "v2.1.9";
 /// Image references the cluster uses; pods must name them exactly.
 pub const PAUSE_IMAGE: &str = "localhost/aws-dra-e2e/pause:v1";
 pub const PROBE_IMAGE: &str = "localhost/aws-dra-e2e/probe:v1";
-
-/// A Kubernetes release `vMAJOR.MINOR.PATCH`, parsed once.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubernetesVersion {
-    pub major: u32,
-    pub minor: u32,
-    pub patch: u32,
-}
-
-impl KubernetesVersion {
-    pub fn parse(text: &str) -> Result<Self> {
-        let bad = || Error::BadVersion(text.to_string());
-        let rest = text.strip_prefix('v').ok_or_else(bad)?;
-        let mut parts = rest.split('.');
-        let mut next = || -> Result<u32> {
-            parts
-                .next()
-                .ok_or_else(bad)?
-                .parse::<u32>()
-                .map_err(|_| bad())
-        };
-        let version = Self {
-            major: next()?,
-            minor: next()?,
-            patch: next()?,
-        };
-        if parts.next().is_some() {
-            return Err(bad());
-        }
-        Ok(version)
-    }
-
-    /// The `v0.MINOR.PATCH` tag of the staging modules that ship with this release.
-    pub fn staging_version(&self) -> String {
-        format!("v0.{}.{}", self.minor, self.patch)
-    }
-}
-
-impl std::fmt::Display for KubernetesVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
-    }
-}
 
 /// Root of the repository, where the wrapper Go modules live.
 pub fn repo_root() -> PathBuf {
@@ -105,6 +67,8 @@ pub struct Binaries {
     pub kube_controller_manager: PathBuf,
     pub kube_scheduler: PathBuf,
     pub kubelet: PathBuf,
+    /// kubectl of the same release, for people (the demo prints commands using it).
+    pub kubectl: PathBuf,
     pub etcd: PathBuf,
     pub containerd: PathBuf,
     pub ctr: PathBuf,
@@ -149,6 +113,7 @@ fn binaries_at(version: &KubernetesVersion, layout: &Layout) -> Binaries {
         kube_controller_manager: layout.kubernetes.join("kube-controller-manager"),
         kube_scheduler: layout.kubernetes.join("kube-scheduler"),
         kubelet: layout.kubernetes.join("kubelet"),
+        kubectl: layout.kubernetes.join("kubectl"),
         etcd: layout.etcd.join("etcd"),
         containerd: layout.containerd.join("containerd"),
         ctr: layout.containerd.join("ctr"),
@@ -183,6 +148,7 @@ impl Binaries {
             ("kube-controller-manager", &self.kube_controller_manager),
             ("kube-scheduler", &self.kube_scheduler),
             ("kubelet", &self.kubelet),
+            ("kubectl", &self.kubectl),
             ("etcd", &self.etcd),
             ("containerd", &self.containerd),
             ("ctr", &self.ctr),
@@ -200,7 +166,7 @@ pub struct BuildOptions {
     /// Install runc and the CNI plugins with apt-get when they are missing.
     pub install_host_packages: bool,
     /// Called with one human-readable line per step.
-    pub progress: Box<dyn FnMut(&str) + Send>,
+    pub progress: Progress,
 }
 
 /// Builds whatever is missing for `options.kubernetes_version` and returns
@@ -215,9 +181,12 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
         ensure_host_packages(progress)?;
     }
 
-    // Kubernetes: the committed wrapper for the pinned release, a generated one otherwise.
-    let k8s_module = if version.to_string() == DEFAULT_KUBERNETES_VERSION {
-        repo_root().join("e2e/go/kubernetes")
+    // Kubernetes: the committed wrapper of the release's pinned patch, a
+    // generated one (in the cache) for any other patch.
+    let release = version.release()?;
+    let committed = repo_root().join(release.module_dir());
+    let k8s_module = if version.to_string() == release.pinned && committed.join("go.sum").exists() {
+        committed
     } else {
         let dir = cache_root().join(format!("src/kubernetes-{version}"));
         if !dir.join("go.sum").exists() {
@@ -231,29 +200,25 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
     };
     check_pin(&k8s_module, "k8s.io/kubernetes", &version.to_string())?;
     let ldflags = kubernetes_ldflags(&version);
-    let k8s_targets: Vec<GoTarget> = [
-        ("kube-apiserver", false),
-        ("kube-controller-manager", false),
-        ("kube-scheduler", false),
-        // Upstream builds the kubelet with cgo when it can (it is not in
-        // KUBE_STATIC_BINARIES); do the same so it behaves like a release kubelet.
-        ("kubelet", true),
-    ]
-    .into_iter()
-    .map(|(name, cgo)| GoTarget {
-        name,
-        package: format!("k8s.io/kubernetes/cmd/{name}"),
-        cgo,
-        ldflags: ldflags.clone(),
-        tags: String::new(),
-    })
-    .collect();
+    let k8s_targets: Vec<GoTarget> = KUBERNETES_COMMANDS
+        .into_iter()
+        .map(|name| GoTarget {
+            name,
+            package: format!("k8s.io/kubernetes/cmd/{name}"),
+            // Upstream builds the kubelet with cgo when it can (it is not in
+            // KUBE_STATIC_BINARIES); do the same so it behaves like a release kubelet.
+            cgo: name == "kubelet",
+            ldflags: ldflags.clone(),
+            tags: String::new(),
+        })
+        .collect();
     build_set(
         &go,
         "kubernetes",
         &k8s_module,
         &layout.kubernetes,
         &k8s_targets,
+        "",
         progress,
     )?;
 
@@ -272,6 +237,7 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
         &etcd_module,
         &layout.etcd,
         &etcd_targets,
+        "",
         progress,
     )?;
 
@@ -308,6 +274,7 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
         &containerd_module,
         &layout.containerd,
         &containerd_targets,
+        "",
         progress,
     )?;
 
@@ -328,6 +295,8 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
         &images_module,
         &layout.images,
         &image_targets,
+        // The images module's sources are ours and change; hash them too.
+        &images_source_hash()?,
         progress,
     )?;
     for (name, reference, archive) in [
@@ -352,381 +321,6 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
     Binaries::locate(&version)
 }
 
-struct GoTarget {
-    name: &'static str,
-    package: String,
-    cgo: bool,
-    ldflags: String,
-    tags: String,
-}
-
-struct GoToolchain {
-    go: PathBuf,
-    version: String,
-}
-
-impl GoToolchain {
-    fn find() -> Result<Self> {
-        let go = std::env::var_os("AWS_DRA_GO")
-            .map(PathBuf::from)
-            .or_else(|| {
-                let default = PathBuf::from("/usr/local/go/bin/go");
-                default.exists().then_some(default)
-            })
-            .or_else(|| which("go"))
-            .ok_or_else(|| Error::MissingBinary {
-                what: "go toolchain (set AWS_DRA_GO)".into(),
-                path: PathBuf::from("/usr/local/go/bin/go"),
-            })?;
-        let out = run_checked(Command::new(&go).arg("version"))?;
-        Ok(Self {
-            go,
-            version: out.trim().to_string(),
-        })
-    }
-
-    fn command(&self, module_dir: &Path) -> Command {
-        let cache = cache_root().join("go");
-        let mut cmd = Command::new(&self.go);
-        cmd.current_dir(module_dir)
-            .env("GOMODCACHE", cache.join("mod"))
-            .env("GOCACHE", cache.join("build"))
-            // Reproducible paths, and no VCS stamping (worktrees confuse it).
-            .env("GOFLAGS", "-trimpath -buildvcs=false")
-            // Never fetch another toolchain: the go directive must fit the local one.
-            .env("GOTOOLCHAIN", "local");
-        cmd
-    }
-}
-
-/// Builds `targets` of one wrapper module into `out_dir`, unless its stamp
-/// already matches.
-fn build_set(
-    go: &GoToolchain,
-    label: &str,
-    module_dir: &Path,
-    out_dir: &Path,
-    targets: &[GoTarget],
-    progress: &mut Box<dyn FnMut(&str) + Send>,
-) -> Result<()> {
-    let mut key = Sha256::new();
-    key.update(go.version.as_bytes());
-    for file in ["go.mod", "go.sum"] {
-        let path = module_dir.join(file);
-        if path.exists() {
-            key.update(fs::read(&path).map_err(io("reading", &path))?);
-        }
-    }
-    // The images module's sources are ours and change; hash them too.
-    if label == "images" {
-        key.update(images_source_hash()?.as_bytes());
-    }
-    for t in targets {
-        key.update(
-            format!(
-                "{}|{}|{}|{}|{}",
-                t.name, t.package, t.cgo, t.ldflags, t.tags
-            )
-            .as_bytes(),
-        );
-    }
-    let key = hex::encode(key.finalize());
-    let stamp = out_dir.join(".stamp");
-    if fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == key)
-        && targets.iter().all(|t| out_dir.join(t.name).exists())
-    {
-        progress(&format!("{label}: up to date in {}", out_dir.display()));
-        return Ok(());
-    }
-    fs::create_dir_all(out_dir).map_err(io("creating", out_dir))?;
-    let _ = fs::remove_file(&stamp);
-    let total = Instant::now();
-    for (i, t) in targets.iter().enumerate() {
-        let started = Instant::now();
-        progress(&format!(
-            "{label}: [{}/{}] go build {} (cgo={})",
-            i + 1,
-            targets.len(),
-            t.package,
-            t.cgo
-        ));
-        let tmp = out_dir.join(format!(".{}.tmp", t.name));
-        let mut cmd = go.command(module_dir);
-        cmd.args(["build", "-p", "2", "-ldflags", &t.ldflags]);
-        if !t.tags.is_empty() {
-            cmd.args(["-tags", &t.tags]);
-        }
-        cmd.arg("-o")
-            .arg(&tmp)
-            .arg(&t.package)
-            .env("CGO_ENABLED", if t.cgo { "1" } else { "0" });
-        run_with_heartbeat(&mut cmd, t.name, progress)?;
-        let dest = out_dir.join(t.name);
-        fs::rename(&tmp, &dest).map_err(io("renaming into", &dest))?;
-        progress(&format!(
-            "{label}: built {} in {:.0}s",
-            t.name,
-            started.elapsed().as_secs_f64()
-        ));
-    }
-    fs::write(&stamp, &key).map_err(io("writing", &stamp))?;
-    progress(&format!(
-        "{label}: done in {:.0}s",
-        total.elapsed().as_secs_f64()
-    ));
-    Ok(())
-}
-
-/// Runs a long command, forwarding its output lines (Go prints only errors
-/// and downloads) and printing a heartbeat every 30 s so a cold build is
-/// visibly alive.
-fn run_with_heartbeat(
-    cmd: &mut Command,
-    name: &str,
-    progress: &mut Box<dyn FnMut(&str) + Send>,
-) -> Result<()> {
-    let rendered = format!("{cmd:?}");
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| Error::Spawn {
-            command: rendered.clone(),
-            source,
-        })?;
-    let (tx, rx) = mpsc::channel::<String>();
-    let mut readers = Vec::new();
-    for stream in [
-        child
-            .stdout
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        child
-            .stderr
-            .take()
-            .map(|s| Box::new(s) as Box<dyn Read + Send>),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let tx = tx.clone();
-        readers.push(std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        }));
-    }
-    drop(tx);
-    let started = Instant::now();
-    let mut tail: Vec<String> = Vec::new();
-    let mut next_beat = Duration::from_secs(30);
-    loop {
-        match rx.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => {
-                progress(&format!("  {name}: {line}"));
-                tail.push(line);
-                if tail.len() > 40 {
-                    tail.remove(0);
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-        if started.elapsed() >= next_beat {
-            progress(&format!(
-                "  {name}: still building ({:.0}s)",
-                started.elapsed().as_secs_f64()
-            ));
-            next_beat += Duration::from_secs(30);
-        }
-    }
-    for r in readers {
-        let _ = r.join();
-    }
-    let status = child.wait().map_err(|source| Error::Spawn {
-        command: rendered.clone(),
-        source,
-    })?;
-    if !status.success() {
-        return Err(Error::CommandFailed {
-            command: rendered,
-            status: status.to_string(),
-            output_tail: tail.join("\n"),
-        });
-    }
-    Ok(())
-}
-
-/// `-X` flags so `/version`, the Node's kubeletVersion and feature-gate
-/// defaults all report the real release instead of `v0.0.0-master`.
-pub fn kubernetes_ldflags(version: &KubernetesVersion) -> String {
-    let mut flags = vec!["-s".to_string(), "-w".to_string()];
-    for pkg in [
-        "k8s.io/component-base/version",
-        "k8s.io/client-go/pkg/version",
-    ] {
-        for (var, value) in [
-            ("gitVersion", version.to_string()),
-            ("gitMajor", version.major.to_string()),
-            ("gitMinor", version.minor.to_string()),
-            ("gitTreeState", "clean".to_string()),
-            ("buildDate", "1970-01-01T00:00:00Z".to_string()),
-        ] {
-            flags.push(format!("-X {pkg}.{var}={value}"));
-        }
-    }
-    flags.join(" ")
-}
-
-/// Checks that the wrapper module at `dir` requires `module` at `expected`.
-fn check_pin(dir: &Path, module: &str, expected: &str) -> Result<()> {
-    let path = dir.join("go.mod");
-    let text = fs::read_to_string(&path).map_err(io("reading", &path))?;
-    let found = required_version(&text, module).unwrap_or_default();
-    if found != expected {
-        return Err(Error::PinMismatch {
-            path,
-            module: module.to_string(),
-            found,
-            expected: expected.to_string(),
-        });
-    }
-    Ok(())
-}
-
-/// The version a go.mod `require`s `module` at, in either the one-line or
-/// the block form.
-pub fn required_version(go_mod: &str, module: &str) -> Option<String> {
-    let mut in_require = false;
-    for line in go_mod.lines() {
-        let line = line.split("//").next().unwrap_or("").trim();
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        match fields.as_slice() {
-            ["require", "("] => in_require = true,
-            [")"] => in_require = false,
-            ["require", m, v] if *m == module => return Some((*v).to_string()),
-            [m, v] if in_require && *m == module => return Some((*v).to_string()),
-            _ => {}
-        }
-    }
-    None
-}
-
-/// The module paths upstream's go.mod maps to `./staging/src/...`: exactly
-/// the modules a dependent wrapper must replace by their published tags.
-pub fn staging_modules(upstream_go_mod: &str) -> Vec<String> {
-    upstream_go_mod
-        .lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once("=>")?;
-            let target = right.trim();
-            target
-                .starts_with("./staging/")
-                .then(|| left.split_whitespace().last().map(str::to_string))
-                .flatten()
-        })
-        .collect()
-}
-
-/// The go.mod of a wrapper module for `version` (before `go mod tidy` adds
-/// the indirect requirements). `upstream_go_mod` is k8s.io/kubernetes' own.
-pub fn render_kubernetes_go_mod(
-    version: &KubernetesVersion,
-    upstream_go_mod: &str,
-    upstream_path: &Path,
-) -> Result<String> {
-    let staging = staging_modules(upstream_go_mod);
-    if staging.is_empty() {
-        return Err(Error::NoStagingReplaces {
-            path: upstream_path.to_path_buf(),
-        });
-    }
-    // Keep upstream's language version and GODEBUG defaults: they are part of
-    // how the release behaves, and a dependency's godebug lines do not apply to us.
-    let directive = |name: &str| {
-        upstream_go_mod
-            .lines()
-            .find(|l| l.starts_with(&format!("{name} ")))
-            .map(|l| format!("{l}\n\n"))
-            .unwrap_or_default()
-    };
-    let mut out = String::new();
-    out.push_str(
-        "// Wrapper module that builds the Kubernetes components of the local\n\
-         // end-to-end cluster (crates/e2e) from the k8s.io/kubernetes Go module.\n\
-         //\n\
-         // Generated by `cargo xtask k8s gen-module` from upstream's go.mod: a\n\
-         // dependency's replace directives do not apply to us, so every staging\n\
-         // module upstream maps to ./staging/src/k8s.io/<name> is replaced here at\n\
-         // the matching v0.MINOR.PATCH tag. Regenerate rather than edit.\n",
-    );
-    out.push_str("module github.com/aws-dra/aws-dra-drivers/e2e/go/kubernetes\n\n");
-    out.push_str(&directive("go"));
-    out.push_str(&directive("godebug"));
-    out.push_str("tool (\n");
-    for c in [
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kube-scheduler",
-        "kubelet",
-    ] {
-        out.push_str(&format!("\tk8s.io/kubernetes/cmd/{c}\n"));
-    }
-    out.push_str(")\n\n");
-    out.push_str(&format!(
-        "require k8s.io/kubernetes {version}\n\nreplace (\n"
-    ));
-    let staging_version = version.staging_version();
-    for m in staging {
-        out.push_str(&format!("\t{m} => {m} {staging_version}\n"));
-    }
-    out.push_str(")\n");
-    Ok(out)
-}
-
-/// Writes and tidies a wrapper module for `version` into `dir` (needs the Go
-/// module proxy). `cargo xtask k8s gen-module` uses this to move the pin.
-pub fn generate_kubernetes_module(version: &KubernetesVersion, dir: &Path) -> Result<()> {
-    GoToolchain::find()?.generate(version, dir)
-}
-
-impl GoToolchain {
-    fn generate(&self, version: &KubernetesVersion, dir: &Path) -> Result<()> {
-        fs::create_dir_all(dir).map_err(io("creating", dir))?;
-        let json = run_checked(
-            self.command(dir)
-                .args(["mod", "download", "-json"])
-                .arg(format!("k8s.io/kubernetes@{version}"))
-                // Outside any module: `go mod download` needs none for a path@version.
-                .env("GO111MODULE", "on")
-                .env("GOFLAGS", "-mod=mod"),
-        )?;
-        let info: BTreeMap<String, serde_json::Value> =
-            serde_json::from_str(&json).map_err(|source| Error::Json {
-                what: format!("go mod download output for {version}"),
-                source,
-            })?;
-        let gomod_path = info
-            .get("GoMod")
-            .and_then(|v| v.as_str())
-            .map(PathBuf::from)
-            .ok_or_else(|| Error::CommandFailed {
-                command: format!("go mod download k8s.io/kubernetes@{version}"),
-                status: "no GoMod in output".into(),
-                output_tail: json.clone(),
-            })?;
-        let upstream = fs::read_to_string(&gomod_path).map_err(io("reading", &gomod_path))?;
-        let rendered = render_kubernetes_go_mod(version, &upstream, &gomod_path)?;
-        let path = dir.join("go.mod");
-        fs::write(&path, rendered).map_err(io("writing", &path))?;
-        let _ = fs::remove_file(dir.join("go.sum"));
-        run_checked(self.command(dir).args(["mod", "tidy"]))?;
-        Ok(())
-    }
-}
-
 fn images_source_hash() -> Result<String> {
     let dir = repo_root().join("e2e/go/images");
     let mut hash = Sha256::new();
@@ -741,7 +335,7 @@ fn images_source_hash() -> Result<String> {
 
 /// runc and the CNI plugins come from Debian packages (runc needs cgo and
 /// libseccomp; the packages are built that way already).
-fn ensure_host_packages(progress: &mut Box<dyn FnMut(&str) + Send>) -> Result<()> {
+fn ensure_host_packages(progress: &mut Progress) -> Result<()> {
     let have_runc = which("runc").is_some();
     let have_cni = CNI_DIRS
         .iter()
@@ -783,75 +377,40 @@ pub(crate) fn which(name: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::go_build::required_version;
+    use crate::versions::CI_RELEASES;
 
+    /// Each committed wrapper must replace every staging module of its
+    /// release at the pinned patch (a partial list builds a mix of versions
+    /// silently) and list every command we build.
     #[test]
-    fn parses_versions() {
-        for (text, ok) in [
-            ("v1.34.4", true),
-            ("v1.37.2", true),
-            ("1.34.4", false),
-            ("v1.34", false),
-            ("v1.34.4.1", false),
-            ("v1.x.4", false),
-        ] {
-            assert_eq!(KubernetesVersion::parse(text).is_ok(), ok, "{text}");
-        }
-        let v = KubernetesVersion::parse("v1.34.4").unwrap();
-        assert_eq!(v.staging_version(), "v0.34.4");
-        assert_eq!(v.to_string(), "v1.34.4");
-    }
-
-    #[test]
-    fn ldflags_set_real_version() {
-        let flags = kubernetes_ldflags(&KubernetesVersion::parse("v1.34.4").unwrap());
-        assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.34.4"));
-        assert!(flags.contains("-X k8s.io/component-base/version.gitMinor=34"));
-        assert!(flags.contains("-X k8s.io/client-go/pkg/version.gitMajor=1"));
-    }
-
-    const UPSTREAM: &str = "module k8s.io/kubernetes\n\ngo 1.24.0\n\ngodebug default=go1.24\n\n\
-        require (\n\tk8s.io/api v0.0.0\n)\n\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n\
-        \tk8s.io/kubelet => ./staging/src/k8s.io/kubelet\n\tgithub.com/x/y => github.com/x/y v1.0.0\n)\n";
-
-    #[test]
-    fn renders_staging_replaces_at_matching_tag() {
-        let v = KubernetesVersion::parse("v1.35.4").unwrap();
-        let out = render_kubernetes_go_mod(&v, UPSTREAM, Path::new("up.mod")).unwrap();
-        assert!(out.contains("\tk8s.io/api => k8s.io/api v0.35.4\n"));
-        assert!(out.contains("\tk8s.io/kubelet => k8s.io/kubelet v0.35.4\n"));
-        assert!(!out.contains("github.com/x/y"));
-        assert!(out.contains("require k8s.io/kubernetes v1.35.4"));
-        assert!(out.contains("go 1.24.0\n"));
-        assert!(out.contains("godebug default=go1.24\n"));
-        assert_eq!(
-            required_version(&out, "k8s.io/kubernetes").as_deref(),
-            Some("v1.35.4")
-        );
-    }
-
-    #[test]
-    fn rejects_upstream_without_staging() {
-        let v = KubernetesVersion::parse("v1.34.4").unwrap();
-        assert!(render_kubernetes_go_mod(&v, "module x\n", Path::new("x")).is_err());
-    }
-
-    /// The committed wrapper must replace all 31 staging modules of 1.34 at
-    /// the pinned patch; a partial list builds a mix of versions silently.
-    #[test]
-    fn committed_kubernetes_module_matches_pin() {
-        let text = fs::read_to_string(repo_root().join("e2e/go/kubernetes/go.mod")).unwrap();
-        assert_eq!(
-            required_version(&text, "k8s.io/kubernetes").as_deref(),
-            Some(DEFAULT_KUBERNETES_VERSION)
-        );
-        let v = KubernetesVersion::parse(DEFAULT_KUBERNETES_VERSION).unwrap();
-        let replaces: Vec<&str> = text
-            .lines()
-            .filter(|l| l.trim_start().starts_with("k8s.io/") && l.contains("=>"))
-            .collect();
-        assert_eq!(replaces.len(), 31, "{replaces:#?}");
-        for line in replaces {
-            assert!(line.trim_end().ends_with(&v.staging_version()), "{line}");
+    fn committed_kubernetes_modules_match_their_pins() {
+        for minor in CI_RELEASES {
+            let release = Release::for_minor(minor).unwrap();
+            let path = repo_root().join(release.module_dir()).join("go.mod");
+            let text = fs::read_to_string(&path).unwrap();
+            assert_eq!(
+                required_version(&text, "k8s.io/kubernetes").as_deref(),
+                Some(release.pinned),
+                "{}",
+                path.display()
+            );
+            let v = release.version();
+            let replaces: Vec<&str> = text
+                .lines()
+                .filter(|l| l.trim_start().starts_with("k8s.io/") && l.contains("=>"))
+                .collect();
+            assert!(replaces.len() >= 31, "{replaces:#?}");
+            for line in replaces {
+                assert!(line.trim_end().ends_with(&v.staging_version()), "{line}");
+            }
+            for command in KUBERNETES_COMMANDS {
+                assert!(
+                    text.contains(&format!("\tk8s.io/kubernetes/cmd/{command}\n")),
+                    "{} lacks {command}",
+                    path.display()
+                );
+            }
         }
         let etcd = fs::read_to_string(repo_root().join("e2e/go/etcd/go.mod")).unwrap();
         assert_eq!(

@@ -14,11 +14,7 @@ mod harness;
 
 fn main() -> ExitCode {
     harness::main::<ChartTestbed<LocalChartHost>>(
-        Box::new(|| {
-            Box::pin(async {
-                ChartTestbed::start_local(&LocalOptions::default().nodes, None).await
-            })
-        }),
+        Box::new(|| Box::pin(async { ChartTestbed::start_local(&LocalOptions::default()).await })),
         "AWS_DRA_E2E_CHART_FIGURES",
     )
 }

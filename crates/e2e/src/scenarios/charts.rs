@@ -17,7 +17,7 @@ use crate::testbed::Testbed;
 /// operator's CRD, which the local cluster does not install.
 const NEEDS_A_CRD: &[&str] = &["ServiceMonitor"];
 
-pub async fn chart_objects<T: Testbed>(tb: &T) -> Result<()> {
+pub async fn chart_objects<T: Testbed>(tb: &T, _ns: &str) -> Result<()> {
     let helm = Helm::locate()?;
     let client = tb.client();
     let mut checked = Vec::new();

@@ -11,48 +11,97 @@
 //! the failure message for a human (what was expected, what was seen, where
 //! the logs are), like a test's panic.
 //!
-//! | name | issue 5 # | what |
-//! |---|---|---|
-//! | `s01_slices` | 1 | pools, counts, attributes; drift repair; restart writes nothing |
-//! | `s02_single_efa` | 2 | template → one EFA, the container sees exactly its uverbs |
-//! | `s03_gpu_efa_same_root` | 3 | GPU + EFA with `matchAttribute` pcieRoot |
-//! | `s04_gpu_all_efas_on_root` | 4 | `allocationMode: All` (root named), count 4, and All without a root stays Pending |
-//! | `s05_neuron_groups` | 5 | 1/4/8/16 chips + their EFAs on `devicegroupN_id` |
-//! | `s06_unsatisfiable_on_trn1` | 6 | 4 chips + 4 EFAs on trn1 stays Pending with the scheduler's reason |
-//! | `s07_shared_claim` | 7 | one claim, two pods, unprepared after the last |
-//! | `s08_lnc` | 8 | LNC 1 env; LNC 3 → FailedPrepareDynamicResources with our message |
-//! | `s09_delete_unprepares` | 9 | CDI spec and checkpoint entry gone with the pod |
-//! | `s10_driver_crash` | 10 | SIGKILL while pods come and go, restart, no double allocation |
-//! | `s11_node_isolation` | 11 | node A's driver credentials cannot touch node B's slices |
-//! | `s12_cel_selectors` | (issue 6) | the CEL selector examples |
-//! | `s13_chart_objects` | (issue 6) | every object of both charts, default and non-default values, passes server-side dry-run |
+//! Every scenario is registered once, in the `scenarios!` list below: its
+//! name (also its namespace and its test name), what it proves, the DRA
+//! features it needs (a release without them reports it as skipped, with the
+//! reason, see [`crate::versions`]) and the function that runs it.
 
 mod allocate;
 mod charts;
 pub mod kit;
 mod lifecycle;
 mod publish;
+mod taints;
 
 use anyhow::{Result, bail};
 
 use crate::testbed::Testbed;
+use crate::versions::{DraFeature, Release};
 
-/// Every scenario, in the order they run.
-pub const SCENARIOS: [&str; 13] = [
-    "s01_slices",
-    "s02_single_efa",
-    "s03_gpu_efa_same_root",
-    "s04_gpu_all_efas_on_root",
-    "s05_neuron_groups",
-    "s06_unsatisfiable_on_trn1",
-    "s07_shared_claim",
-    "s08_lnc",
-    "s09_delete_unprepares",
-    "s10_driver_crash",
-    "s11_node_isolation",
-    "s12_cel_selectors",
-    "s13_chart_objects",
-];
+/// One registered scenario.
+#[derive(Debug, Clone, Copy)]
+pub struct Scenario {
+    /// `sNN_what`: the test name; its namespace is [`namespace_of`] it.
+    pub name: &'static str,
+    /// What it proves, in one line.
+    pub about: &'static str,
+    /// DRA features it needs from the cluster.
+    pub needs: &'static [DraFeature],
+}
+
+impl Scenario {
+    /// Why it cannot run on `release`, or `None` when it can.
+    pub fn skip_reason(&self, release: &Release) -> Option<String> {
+        release.lacks(self.needs)
+    }
+}
+
+/// Declares [`SCENARIOS`] and the dispatcher from one list.
+macro_rules! scenarios {
+    ($( $name:ident [$($need:ident),*] $about:literal => $($func:ident)::+ ;)*) => {
+        /// Every scenario, in the order they run.
+        pub const SCENARIOS: &[Scenario] = &[
+            $( Scenario {
+                name: stringify!($name),
+                about: $about,
+                needs: &[$(DraFeature::$need),*],
+            }, )*
+        ];
+
+        async fn dispatch<T: Testbed>(tb: &T, name: &str, ns: &str) -> Result<()> {
+            match name {
+                $( stringify!($name) => $($func)::+(tb, ns).await, )*
+                other => Err(anyhow::anyhow!("no scenario named {other}")),
+            }
+        }
+    };
+}
+
+scenarios! {
+    s01_slices [] "pools, counts, attributes; drift repair; restart writes nothing"
+        => publish::slices;
+    s02_single_efa [] "template -> one EFA, the container sees exactly its uverbs"
+        => allocate::single_efa;
+    s03_gpu_efa_same_root [] "GPU + EFA with matchAttribute pcieRoot"
+        => allocate::gpu_efa_same_root;
+    s04_gpu_all_efas_on_root [] "allocationMode All (root named), count 4, and All without a root stays Pending"
+        => allocate::gpu_all_efas_on_root;
+    s05_neuron_groups [] "1/4/8/16 chips + their EFAs on devicegroupN_id"
+        => allocate::neuron_groups;
+    s06_unsatisfiable_on_trn1 [] "4 chips + 4 EFAs on trn1 stays Pending with the scheduler's reason"
+        => allocate::unsatisfiable_on_trn1;
+    s07_shared_claim [] "one claim, two pods, unprepared after the last"
+        => lifecycle::shared_claim;
+    s08_lnc [] "LNC 1 env; LNC 3 -> FailedPrepareDynamicResources with our message"
+        => lifecycle::lnc;
+    s09_delete_unprepares [] "CDI spec and checkpoint entry gone with the pod"
+        => lifecycle::delete_unprepares;
+    s10_driver_crash [] "SIGKILL while pods come and go, restart, no double allocation"
+        => lifecycle::driver_crash;
+    s11_node_isolation [] "node A's driver credentials cannot touch node B's slices"
+        => publish::node_isolation;
+    s12_cel_selectors [] "the CEL selector examples"
+        => allocate::cel_selectors;
+    s13_chart_objects [] "every object of both charts, default and non-default values, passes server-side dry-run"
+        => charts::chart_objects;
+    s14_device_taint_rule [DeviceTaintRules] "an admin's DeviceTaintRule takes one EFA out of new allocations; a toleration still gets it"
+        => taints::device_taint_rule;
+}
+
+/// The scenario called `name`.
+pub fn find(name: &str) -> Option<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name == name)
+}
 
 /// The namespace of scenario `name` (`s04_gpu_all_efas_on_root` →
 /// `s04-gpu-all-efas-on-root`).
@@ -66,22 +115,7 @@ pub fn namespace_of(name: &str) -> String {
 pub async fn run<T: Testbed>(tb: &T, name: &str) -> Result<()> {
     let ns = namespace_of(name);
     kit::namespace(tb, &ns).await?;
-    let result = match name {
-        "s01_slices" => publish::slices(tb, &ns).await,
-        "s02_single_efa" => allocate::single_efa(tb, &ns).await,
-        "s03_gpu_efa_same_root" => allocate::gpu_efa_same_root(tb, &ns).await,
-        "s04_gpu_all_efas_on_root" => allocate::gpu_all_efas_on_root(tb, &ns).await,
-        "s05_neuron_groups" => allocate::neuron_groups(tb, &ns).await,
-        "s06_unsatisfiable_on_trn1" => allocate::unsatisfiable_on_trn1(tb, &ns).await,
-        "s07_shared_claim" => lifecycle::shared_claim(tb, &ns).await,
-        "s08_lnc" => lifecycle::lnc(tb, &ns).await,
-        "s09_delete_unprepares" => lifecycle::delete_unprepares(tb, &ns).await,
-        "s10_driver_crash" => lifecycle::driver_crash(tb, &ns).await,
-        "s11_node_isolation" => publish::node_isolation(tb, &ns).await,
-        "s12_cel_selectors" => allocate::cel_selectors(tb, &ns).await,
-        "s13_chart_objects" => charts::chart_objects(tb).await,
-        other => Err(anyhow::anyhow!("no scenario named {other}")),
-    };
+    let result = dispatch(tb, name, &ns).await;
     let cleanup = kit::delete_all_pods(tb, &ns, std::time::Duration::from_secs(120)).await;
     kit::drop_namespace(tb, &ns).await;
     match (result, cleanup) {
@@ -127,11 +161,33 @@ mod tests {
 
     #[test]
     fn scenario_names_are_unique_and_make_namespace_names() {
-        let set: std::collections::BTreeSet<&str> = SCENARIOS.iter().copied().collect();
+        let set: std::collections::BTreeSet<&str> = SCENARIOS.iter().map(|s| s.name).collect();
         assert_eq!(set.len(), SCENARIOS.len());
+        for (i, s) in SCENARIOS.iter().enumerate() {
+            assert!(
+                s.name.starts_with(&format!("s{:02}_", i + 1)),
+                "{} out of order",
+                s.name
+            );
+            assert_eq!(find(s.name).map(|f| f.name), Some(s.name));
+        }
         assert_eq!(
             namespace_of("s04_gpu_all_efas_on_root"),
             "s04-gpu-all-efas-on-root"
         );
+    }
+
+    #[test]
+    fn skips_follow_the_release_tables() {
+        let s14 = find("s14_device_taint_rule").unwrap();
+        let r34 = Release::for_minor(34).unwrap();
+        let r37 = Release::for_minor(37).unwrap();
+        assert!(s14.skip_reason(r37).is_none());
+        let why = s14.skip_reason(r34).unwrap();
+        assert!(why.contains("DRADeviceTaintRules"), "{why}");
+        // Everything else runs on every release we test.
+        for s in SCENARIOS.iter().filter(|s| s.name != s14.name) {
+            assert_eq!(s.skip_reason(r34), None, "{}", s.name);
+        }
     }
 }

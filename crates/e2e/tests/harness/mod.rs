@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use e2e::cluster::selected_kubernetes_version;
 use e2e::scenarios::{self, SCENARIOS};
 use e2e::{Figures, ManagedTestbed};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -89,6 +90,18 @@ fn print_figures(f: &Figures) {
     }
 }
 
+/// Whether libtest's name filters select `name` (substring, or `--exact`).
+fn selected(args: &Arguments, name: &str) -> bool {
+    let matches = |pattern: &str| {
+        if args.exact {
+            name == pattern
+        } else {
+            name.contains(pattern)
+        }
+    };
+    args.filter.as_deref().is_none_or(matches) && !args.skip.iter().any(|s| matches(s))
+}
+
 /// Runs the scenarios as libtest trials on the testbed `start` brings up;
 /// figures go to the file named by the environment variable `figures_env`.
 pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> ExitCode {
@@ -118,11 +131,30 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
         bring_up_ms: Mutex::new(0),
         start,
     });
+    // Scenarios the release cannot run are reported as ignored, with the
+    // reason here and in the figures, never left out silently.
+    let version = selected_kubernetes_version();
+    let release = match version.release() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("aws-dra-e2e: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut skipped: Vec<(String, String)> = Vec::new();
     let trials: Vec<Trial> = SCENARIOS
         .iter()
-        .map(|name| {
+        .map(|scenario| {
             let shared = shared.clone();
-            Trial::test(*name, move || {
+            let name = scenario.name;
+            let skip = scenario.skip_reason(release);
+            if let Some(why) = &skip
+                && selected(&args, name)
+            {
+                eprintln!("aws-dra-e2e: skipping {name} on Kubernetes {version}: {why}");
+                skipped.push((name.to_string(), why.clone()));
+            }
+            Trial::test(name, move || {
                 let tb = shared.testbed()?;
                 let started = Instant::now();
                 let result = shared.runtime.block_on(scenarios::run(tb.as_ref(), name));
@@ -132,13 +164,18 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
                 );
                 result.map_err(|e| Failed::from(format!("{e:#}")))
             })
+            .with_ignored_flag(skip.is_some())
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
 
     let taken = shared.testbed.lock().ok().and_then(|mut g| g.take());
     if let Some(Ok(tb)) = taken {
-        let f = figures(&shared, &tb);
+        let mut f = figures(&shared, &tb);
+        f.kubernetes_version = version.to_string();
+        f.passed = conclusion.num_passed;
+        f.failed = conclusion.num_failed;
+        f.skipped = skipped;
         print_figures(&f);
         if let Some(path) = std::env::var_os(figures_env)
             && let Ok(json) = serde_json::to_string_pretty(&f)

@@ -1,0 +1,441 @@
+//! Building Go programs from their modules: the Go toolchain, wrapper
+//! modules, and stamped output directories.
+//!
+//! A stamp file records exactly what produced a directory (hash of the
+//! wrapper module, Go version, flags): if anything changes the directory is
+//! rebuilt, never half-reused. Builds run one at a time with `go build -p 2`:
+//! the machines this runs on are small and shared.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result, io};
+use crate::process::run_checked;
+use crate::toolchain::{cache_root, which};
+use crate::versions::KubernetesVersion;
+
+/// Called with one human-readable line per step.
+pub type Progress = Box<dyn FnMut(&str) + Send>;
+
+/// The Kubernetes commands every wrapper module builds (its `tool` list).
+pub const KUBERNETES_COMMANDS: [&str; 5] = [
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kubectl",
+];
+
+pub(crate) struct GoTarget {
+    pub(crate) name: &'static str,
+    pub(crate) package: String,
+    pub(crate) cgo: bool,
+    pub(crate) ldflags: String,
+    pub(crate) tags: String,
+}
+
+pub(crate) struct GoToolchain {
+    go: PathBuf,
+    version: String,
+}
+
+impl GoToolchain {
+    pub(crate) fn find() -> Result<Self> {
+        let go = std::env::var_os("AWS_DRA_GO")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let default = PathBuf::from("/usr/local/go/bin/go");
+                default.exists().then_some(default)
+            })
+            .or_else(|| which("go"))
+            .ok_or_else(|| Error::MissingBinary {
+                what: "go toolchain (set AWS_DRA_GO)".into(),
+                path: PathBuf::from("/usr/local/go/bin/go"),
+            })?;
+        let out = run_checked(Command::new(&go).arg("version"))?;
+        Ok(Self {
+            go,
+            version: out.trim().to_string(),
+        })
+    }
+
+    pub(crate) fn command(&self, module_dir: &Path) -> Command {
+        let cache = cache_root().join("go");
+        let mut cmd = Command::new(&self.go);
+        cmd.current_dir(module_dir)
+            .env("GOMODCACHE", cache.join("mod"))
+            .env("GOCACHE", cache.join("build"))
+            // Reproducible paths, and no VCS stamping (worktrees confuse it).
+            .env("GOFLAGS", "-trimpath -buildvcs=false")
+            // Never fetch another toolchain: the go directive must fit the local one.
+            .env("GOTOOLCHAIN", "local");
+        cmd
+    }
+}
+
+/// Builds `targets` of one wrapper module into `out_dir`, unless its stamp
+/// already matches.
+pub(crate) fn build_set(
+    go: &GoToolchain,
+    label: &str,
+    module_dir: &Path,
+    out_dir: &Path,
+    targets: &[GoTarget],
+    extra_key: &str,
+    progress: &mut Progress,
+) -> Result<()> {
+    let mut key = Sha256::new();
+    key.update(go.version.as_bytes());
+    for file in ["go.mod", "go.sum"] {
+        let path = module_dir.join(file);
+        if path.exists() {
+            key.update(fs::read(&path).map_err(io("reading", &path))?);
+        }
+    }
+    key.update(extra_key.as_bytes());
+    for t in targets {
+        key.update(
+            format!(
+                "{}|{}|{}|{}|{}",
+                t.name, t.package, t.cgo, t.ldflags, t.tags
+            )
+            .as_bytes(),
+        );
+    }
+    let key = hex::encode(key.finalize());
+    let stamp = out_dir.join(".stamp");
+    if fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == key)
+        && targets.iter().all(|t| out_dir.join(t.name).exists())
+    {
+        progress(&format!("{label}: up to date in {}", out_dir.display()));
+        return Ok(());
+    }
+    fs::create_dir_all(out_dir).map_err(io("creating", out_dir))?;
+    let _ = fs::remove_file(&stamp);
+    let total = Instant::now();
+    for (i, t) in targets.iter().enumerate() {
+        let started = Instant::now();
+        progress(&format!(
+            "{label}: [{}/{}] go build {} (cgo={})",
+            i + 1,
+            targets.len(),
+            t.package,
+            t.cgo
+        ));
+        let tmp = out_dir.join(format!(".{}.tmp", t.name));
+        let mut cmd = go.command(module_dir);
+        cmd.args(["build", "-p", "2", "-ldflags", &t.ldflags]);
+        if !t.tags.is_empty() {
+            cmd.args(["-tags", &t.tags]);
+        }
+        cmd.arg("-o")
+            .arg(&tmp)
+            .arg(&t.package)
+            .env("CGO_ENABLED", if t.cgo { "1" } else { "0" });
+        run_with_heartbeat(&mut cmd, t.name, progress)?;
+        let dest = out_dir.join(t.name);
+        fs::rename(&tmp, &dest).map_err(io("renaming into", &dest))?;
+        progress(&format!(
+            "{label}: built {} in {:.0}s",
+            t.name,
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    fs::write(&stamp, &key).map_err(io("writing", &stamp))?;
+    progress(&format!(
+        "{label}: done in {:.0}s",
+        total.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// Runs a long command, forwarding its output lines (Go prints only errors
+/// and downloads) and printing a heartbeat every 30 s so a cold build is
+/// visibly alive.
+pub(crate) fn run_with_heartbeat(
+    cmd: &mut Command,
+    name: &str,
+    progress: &mut Progress,
+) -> Result<()> {
+    let rendered = format!("{cmd:?}");
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            command: rendered.clone(),
+            source,
+        })?;
+    let (tx, rx) = mpsc::channel::<String>();
+    let mut readers = Vec::new();
+    for stream in [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let tx = tx.clone();
+        readers.push(std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    drop(tx);
+    let started = Instant::now();
+    let mut tail: Vec<String> = Vec::new();
+    let mut next_beat = Duration::from_secs(30);
+    loop {
+        match rx.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => {
+                progress(&format!("  {name}: {line}"));
+                tail.push(line);
+                if tail.len() > 40 {
+                    tail.remove(0);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        if started.elapsed() >= next_beat {
+            progress(&format!(
+                "  {name}: still building ({:.0}s)",
+                started.elapsed().as_secs_f64()
+            ));
+            next_beat += Duration::from_secs(30);
+        }
+    }
+    for r in readers {
+        let _ = r.join();
+    }
+    let status = child.wait().map_err(|source| Error::Spawn {
+        command: rendered.clone(),
+        source,
+    })?;
+    if !status.success() {
+        return Err(Error::CommandFailed {
+            command: rendered,
+            status: status.to_string(),
+            output_tail: tail.join("\n"),
+        });
+    }
+    Ok(())
+}
+
+/// `-X` flags so `/version`, the Node's kubeletVersion and feature-gate
+/// defaults all report the real release instead of `v0.0.0-master`.
+pub fn kubernetes_ldflags(version: &KubernetesVersion) -> String {
+    let mut flags = vec!["-s".to_string(), "-w".to_string()];
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        for (var, value) in [
+            ("gitVersion", version.to_string()),
+            ("gitMajor", version.major.to_string()),
+            ("gitMinor", version.minor.to_string()),
+            ("gitTreeState", "clean".to_string()),
+            ("buildDate", "1970-01-01T00:00:00Z".to_string()),
+        ] {
+            flags.push(format!("-X {pkg}.{var}={value}"));
+        }
+    }
+    flags.join(" ")
+}
+
+/// Checks that the wrapper module at `dir` requires `module` at `expected`.
+pub(crate) fn check_pin(dir: &Path, module: &str, expected: &str) -> Result<()> {
+    let path = dir.join("go.mod");
+    let text = fs::read_to_string(&path).map_err(io("reading", &path))?;
+    let found = required_version(&text, module).unwrap_or_default();
+    if found != expected {
+        return Err(Error::PinMismatch {
+            path,
+            module: module.to_string(),
+            found,
+            expected: expected.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The version a go.mod `require`s `module` at, in either the one-line or
+/// the block form.
+pub fn required_version(go_mod: &str, module: &str) -> Option<String> {
+    let mut in_require = false;
+    for line in go_mod.lines() {
+        let line = line.split("//").next().unwrap_or("").trim();
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            ["require", "("] => in_require = true,
+            [")"] => in_require = false,
+            ["require", m, v] if *m == module => return Some((*v).to_string()),
+            [m, v] if in_require && *m == module => return Some((*v).to_string()),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The module paths upstream's go.mod maps to `./staging/src/...`: exactly
+/// the modules a dependent wrapper must replace by their published tags.
+pub fn staging_modules(upstream_go_mod: &str) -> Vec<String> {
+    upstream_go_mod
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once("=>")?;
+            let target = right.trim();
+            target
+                .starts_with("./staging/")
+                .then(|| left.split_whitespace().last().map(str::to_string))
+                .flatten()
+        })
+        .collect()
+}
+
+/// The go.mod of a wrapper module for `version` (before `go mod tidy` adds
+/// the indirect requirements). `upstream_go_mod` is k8s.io/kubernetes' own.
+pub fn render_kubernetes_go_mod(
+    version: &KubernetesVersion,
+    upstream_go_mod: &str,
+    upstream_path: &Path,
+) -> Result<String> {
+    let staging = staging_modules(upstream_go_mod);
+    if staging.is_empty() {
+        return Err(Error::NoStagingReplaces {
+            path: upstream_path.to_path_buf(),
+        });
+    }
+    // Keep upstream's language version and GODEBUG defaults: they are part of
+    // how the release behaves, and a dependency's godebug lines do not apply to us.
+    let directive = |name: &str| {
+        upstream_go_mod
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .map(|l| format!("{l}\n\n"))
+            .unwrap_or_default()
+    };
+    let mut out = String::new();
+    out.push_str(
+        "// Wrapper module that builds the Kubernetes components of the local\n\
+         // end-to-end cluster (crates/e2e) from the k8s.io/kubernetes Go module.\n\
+         //\n\
+         // Generated by `cargo xtask k8s gen-module` from upstream's go.mod: a\n\
+         // dependency's replace directives do not apply to us, so every staging\n\
+         // module upstream maps to ./staging/src/k8s.io/<name> is replaced here at\n\
+         // the matching v0.MINOR.PATCH tag. Regenerate rather than edit.\n",
+    );
+    out.push_str("module github.com/aws-dra/aws-dra-drivers/e2e/go/kubernetes\n\n");
+    out.push_str(&directive("go"));
+    out.push_str(&directive("godebug"));
+    out.push_str("tool (\n");
+    for c in KUBERNETES_COMMANDS {
+        out.push_str(&format!("\tk8s.io/kubernetes/cmd/{c}\n"));
+    }
+    out.push_str(")\n\n");
+    out.push_str(&format!(
+        "require k8s.io/kubernetes {version}\n\nreplace (\n"
+    ));
+    let staging_version = version.staging_version();
+    for m in staging {
+        out.push_str(&format!("\t{m} => {m} {staging_version}\n"));
+    }
+    out.push_str(")\n");
+    Ok(out)
+}
+
+/// Writes and tidies a wrapper module for `version` into `dir` (needs the Go
+/// module proxy). `cargo xtask k8s gen-module` uses this to move the pin.
+pub fn generate_kubernetes_module(version: &KubernetesVersion, dir: &Path) -> Result<()> {
+    GoToolchain::find()?.generate(version, dir)
+}
+
+impl GoToolchain {
+    pub(crate) fn generate(&self, version: &KubernetesVersion, dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).map_err(io("creating", dir))?;
+        let json = run_checked(
+            self.command(dir)
+                .args(["mod", "download", "-json"])
+                .arg(format!("k8s.io/kubernetes@{version}"))
+                // Outside any module: `go mod download` needs none for a path@version.
+                .env("GO111MODULE", "on")
+                .env("GOFLAGS", "-mod=mod"),
+        )?;
+        let info: BTreeMap<String, serde_json::Value> =
+            serde_json::from_str(&json).map_err(|source| Error::Json {
+                what: format!("go mod download output for {version}"),
+                source,
+            })?;
+        let gomod_path = info
+            .get("GoMod")
+            .and_then(|v| v.as_str())
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::CommandFailed {
+                command: format!("go mod download k8s.io/kubernetes@{version}"),
+                status: "no GoMod in output".into(),
+                output_tail: json.clone(),
+            })?;
+        let upstream = fs::read_to_string(&gomod_path).map_err(io("reading", &gomod_path))?;
+        let rendered = render_kubernetes_go_mod(version, &upstream, &gomod_path)?;
+        let path = dir.join("go.mod");
+        fs::write(&path, rendered).map_err(io("writing", &path))?;
+        let _ = fs::remove_file(dir.join("go.sum"));
+        run_checked(self.command(dir).args(["mod", "tidy"]))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldflags_set_real_version() {
+        let flags = kubernetes_ldflags(&KubernetesVersion::parse("v1.34.4").unwrap());
+        assert!(flags.contains("-X k8s.io/component-base/version.gitVersion=v1.34.4"));
+        assert!(flags.contains("-X k8s.io/component-base/version.gitMinor=34"));
+        assert!(flags.contains("-X k8s.io/client-go/pkg/version.gitMajor=1"));
+    }
+
+    const UPSTREAM: &str = "module k8s.io/kubernetes\n\ngo 1.24.0\n\ngodebug default=go1.24\n\n\
+        require (\n\tk8s.io/api v0.0.0\n)\n\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n\
+        \tk8s.io/kubelet => ./staging/src/k8s.io/kubelet\n\tgithub.com/x/y => github.com/x/y v1.0.0\n)\n";
+
+    #[test]
+    fn renders_staging_replaces_at_matching_tag() {
+        let v = KubernetesVersion::parse("v1.35.4").unwrap();
+        let out = render_kubernetes_go_mod(&v, UPSTREAM, Path::new("up.mod")).unwrap();
+        assert!(out.contains("\tk8s.io/api => k8s.io/api v0.35.4\n"));
+        assert!(out.contains("\tk8s.io/kubelet => k8s.io/kubelet v0.35.4\n"));
+        assert!(!out.contains("github.com/x/y"));
+        assert!(out.contains("require k8s.io/kubernetes v1.35.4"));
+        assert!(out.contains("go 1.24.0\n"));
+        assert!(out.contains("godebug default=go1.24\n"));
+        assert_eq!(
+            required_version(&out, "k8s.io/kubernetes").as_deref(),
+            Some("v1.35.4")
+        );
+    }
+
+    #[test]
+    fn rejects_upstream_without_staging() {
+        let v = KubernetesVersion::parse("v1.34.4").unwrap();
+        assert!(render_kubernetes_go_mod(&v, "module x\n", Path::new("x")).is_err());
+    }
+}

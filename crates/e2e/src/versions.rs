@@ -1,0 +1,511 @@
+//! The Kubernetes releases the suite runs on, one table per minor.
+//!
+//! Everything that differs between releases lives here and nowhere else:
+//! the pinned patch (and so the committed Go wrapper module under
+//! `e2e/go/kubernetes/v1.MINOR/`), the feature gates and runtime-config we
+//! pass, the kubelet configuration that must be spelled out, and which DRA
+//! features the release serves with those settings. Scenarios name the
+//! features they need ([`DraFeature`]); on a release that lacks one the
+//! harness reports the scenario as skipped with [`Release::lacks`] as the
+//! reason, never silently.
+//!
+//! The gate stages come from `shared/reference/dra-features-by-version.md`
+//! (the Kubernetes feature-gate table). We run every release with its
+//! default gates: that is what users get, and a driver that needs a gate
+//! turned on must say so in its docs, not in our test setup.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// A Kubernetes release `vMAJOR.MINOR.PATCH`, parsed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubernetesVersion {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+impl KubernetesVersion {
+    /// `vMAJOR.MINOR.PATCH`, exactly.
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = || Error::BadVersion(text.to_string());
+        let rest = text.strip_prefix('v').ok_or_else(bad)?;
+        let mut parts = rest.split('.');
+        let mut next = || -> Result<u32> {
+            parts
+                .next()
+                .ok_or_else(bad)?
+                .parse::<u32>()
+                .map_err(|_| bad())
+        };
+        let version = Self {
+            major: next()?,
+            minor: next()?,
+            patch: next()?,
+        };
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        Ok(version)
+    }
+
+    /// What a user types after `--kubernetes`: a minor (`1.37`, `v1.37`),
+    /// resolved to the patch its [`Release`] pins, or an exact version
+    /// (`1.37.2`, `v1.37.2`) of a release in [`RELEASES`].
+    pub fn resolve(text: &str) -> Result<Self> {
+        let trimmed = text.trim();
+        let bare = trimmed.strip_prefix('v').unwrap_or(trimmed);
+        let parts: Vec<&str> = bare.split('.').collect();
+        let version = match parts.as_slice() {
+            [major, minor] => {
+                let (Ok(major), Ok(minor)) = (major.parse::<u32>(), minor.parse::<u32>()) else {
+                    return Err(Error::BadVersion(text.to_string()));
+                };
+                if major != 1 {
+                    return Err(Error::BadVersion(text.to_string()));
+                }
+                let release = Release::for_minor(minor)?;
+                Self::parse(release.pinned)?
+            }
+            [_, _, _] => Self::parse(&format!("v{bare}"))?,
+            _ => return Err(Error::BadVersion(text.to_string())),
+        };
+        Release::for_minor(version.minor)?;
+        Ok(version)
+    }
+
+    /// The `v0.MINOR.PATCH` tag of the staging modules that ship with this release.
+    pub fn staging_version(&self) -> String {
+        format!("v0.{}.{}", self.minor, self.patch)
+    }
+
+    /// This release's table.
+    pub fn release(&self) -> Result<&'static Release> {
+        Release::for_minor(self.minor)
+    }
+}
+
+impl std::fmt::Display for KubernetesVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// A DRA feature a scenario may need, by its feature gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum DraFeature {
+    AdminAccess,
+    PrioritizedList,
+    PartitionableDevices,
+    ConsumableCapacity,
+    /// Device `taints` in ResourceSlices, `tolerations` in requests.
+    DeviceTaints,
+    /// The `DeviceTaintRule` API.
+    DeviceTaintRules,
+    /// `DeviceClass.spec.extendedResourceName`.
+    ExtendedResource,
+    /// Claim `status.devices`.
+    ResourceClaimDeviceStatus,
+    /// Kubelet fills `allocatedResourcesStatus` from `DRAResourceHealth`.
+    ResourceHealthStatus,
+}
+
+impl DraFeature {
+    /// The feature gate's name.
+    pub fn gate(self) -> &'static str {
+        match self {
+            Self::AdminAccess => "DRAAdminAccess",
+            Self::PrioritizedList => "DRAPrioritizedList",
+            Self::PartitionableDevices => "DRAPartitionableDevices",
+            Self::ConsumableCapacity => "DRAConsumableCapacity",
+            Self::DeviceTaints => "DRADeviceTaints",
+            Self::DeviceTaintRules => "DRADeviceTaintRules",
+            Self::ExtendedResource => "DRAExtendedResource",
+            Self::ResourceClaimDeviceStatus => "DRAResourceClaimDeviceStatus",
+            Self::ResourceHealthStatus => "ResourceHealthStatus",
+        }
+    }
+}
+
+/// Where a feature stands in a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stage {
+    /// Alpha: off unless its gate is turned on.
+    Alpha,
+    /// Beta, off by default.
+    BetaOff,
+    /// Beta, on by default.
+    BetaOn,
+    /// Generally available: always on.
+    Ga,
+}
+
+impl Stage {
+    fn on_by_default(self) -> bool {
+        matches!(self, Stage::BetaOn | Stage::Ga)
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Stage::Alpha => "alpha and off by default",
+            Stage::BetaOff => "beta and off by default",
+            Stage::BetaOn => "beta and on by default",
+            Stage::Ga => "GA",
+        }
+    }
+}
+
+/// One Kubernetes minor release as the suite runs it.
+#[derive(Debug)]
+pub struct Release {
+    pub minor: u32,
+    /// The patch we build: the newest the Go module proxy served when the
+    /// table was last updated. Its wrapper module is committed when the
+    /// release is in [`CI_RELEASES`], generated into the cache otherwise.
+    pub pinned: &'static str,
+    /// Feature gates passed to every component (`--feature-gates`, and the
+    /// kubelet's `featureGates`): none, on purpose (see the module docs).
+    pub feature_gates: &'static [(&'static str, bool)],
+    /// kube-apiserver `--runtime-config` entries (API groups/versions to serve).
+    pub runtime_config: &'static [&'static str],
+    /// KubeletConfiguration fields this release needs spelled out, as JSON values.
+    pub kubelet_config: &'static [(&'static str, &'static str)],
+    /// Every DRA feature and its stage in this release.
+    pub features: &'static [(DraFeature, Stage)],
+}
+
+/// Kubelet settings every release needs on our cgroup v1 machines: 1.35
+/// turned `failCgroupV1` on by default, and 1.34 honours it too.
+const CGROUP_V1: &[(&str, &str)] = &[("failCgroupV1", "false")];
+
+/// The releases we know, oldest first.
+pub const RELEASES: &[Release] = &[
+    Release {
+        minor: 34,
+        pinned: "v1.34.4",
+        feature_gates: &[],
+        runtime_config: &[],
+        kubelet_config: CGROUP_V1,
+        features: &[
+            (DraFeature::AdminAccess, Stage::BetaOn),
+            (DraFeature::PrioritizedList, Stage::BetaOn),
+            (DraFeature::PartitionableDevices, Stage::Alpha),
+            (DraFeature::ConsumableCapacity, Stage::Alpha),
+            (DraFeature::DeviceTaints, Stage::Alpha),
+            (DraFeature::DeviceTaintRules, Stage::Alpha),
+            (DraFeature::ExtendedResource, Stage::Alpha),
+            (DraFeature::ResourceClaimDeviceStatus, Stage::BetaOn),
+            (DraFeature::ResourceHealthStatus, Stage::Alpha),
+        ],
+    },
+    Release {
+        minor: 35,
+        pinned: "v1.35.4",
+        feature_gates: &[],
+        runtime_config: &[],
+        kubelet_config: CGROUP_V1,
+        features: &[
+            (DraFeature::AdminAccess, Stage::BetaOn),
+            (DraFeature::PrioritizedList, Stage::BetaOn),
+            (DraFeature::PartitionableDevices, Stage::Alpha),
+            (DraFeature::ConsumableCapacity, Stage::Alpha),
+            (DraFeature::DeviceTaints, Stage::Alpha),
+            (DraFeature::DeviceTaintRules, Stage::Alpha),
+            (DraFeature::ExtendedResource, Stage::Alpha),
+            (DraFeature::ResourceClaimDeviceStatus, Stage::BetaOn),
+            (DraFeature::ResourceHealthStatus, Stage::Alpha),
+        ],
+    },
+    Release {
+        minor: 36,
+        pinned: "v1.36.3",
+        feature_gates: &[],
+        runtime_config: &[],
+        kubelet_config: CGROUP_V1,
+        features: &[
+            (DraFeature::AdminAccess, Stage::Ga),
+            (DraFeature::PrioritizedList, Stage::Ga),
+            (DraFeature::PartitionableDevices, Stage::BetaOn),
+            (DraFeature::ConsumableCapacity, Stage::BetaOn),
+            (DraFeature::DeviceTaints, Stage::BetaOn),
+            (DraFeature::DeviceTaintRules, Stage::BetaOff),
+            (DraFeature::ExtendedResource, Stage::BetaOn),
+            (DraFeature::ResourceClaimDeviceStatus, Stage::BetaOn),
+            (DraFeature::ResourceHealthStatus, Stage::BetaOn),
+        ],
+    },
+    Release {
+        minor: 37,
+        pinned: "v1.37.2",
+        feature_gates: &[],
+        runtime_config: &[],
+        kubelet_config: CGROUP_V1,
+        features: &[
+            (DraFeature::AdminAccess, Stage::Ga),
+            (DraFeature::PrioritizedList, Stage::Ga),
+            (DraFeature::PartitionableDevices, Stage::BetaOn),
+            (DraFeature::ConsumableCapacity, Stage::BetaOn),
+            (DraFeature::DeviceTaints, Stage::Ga),
+            (DraFeature::DeviceTaintRules, Stage::Ga),
+            (DraFeature::ExtendedResource, Stage::Ga),
+            (DraFeature::ResourceClaimDeviceStatus, Stage::Ga),
+            (DraFeature::ResourceHealthStatus, Stage::BetaOn),
+        ],
+    },
+];
+
+/// The release users deploy next: the demo's, and the first CI runs.
+pub const MAIN_MINOR: u32 = 37;
+/// The oldest release we support (the first with `resource.k8s.io/v1`).
+pub const OLDEST_MINOR: u32 = 34;
+/// The releases `cargo xtask ci` runs the whole suite on, newest first.
+/// Their wrapper modules are committed under `e2e/go/kubernetes/`.
+pub const CI_RELEASES: [u32; 2] = [MAIN_MINOR, OLDEST_MINOR];
+
+impl Release {
+    pub fn for_minor(minor: u32) -> Result<&'static Release> {
+        RELEASES
+            .iter()
+            .find(|r| r.minor == minor)
+            .ok_or_else(|| Error::UnknownRelease {
+                minor,
+                known: RELEASES
+                    .iter()
+                    .map(|r| format!("1.{}", r.minor))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+
+    /// The pinned version, parsed.
+    pub fn version(&self) -> KubernetesVersion {
+        KubernetesVersion {
+            major: 1,
+            minor: self.minor,
+            patch: self
+                .pinned
+                .rsplit('.')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0),
+        }
+    }
+
+    /// The committed wrapper module's directory, relative to the repository root.
+    pub fn module_dir(&self) -> String {
+        format!("e2e/go/kubernetes/v1.{}", self.minor)
+    }
+
+    /// Whether the release serves `feature` with our settings.
+    pub fn has(&self, feature: DraFeature) -> bool {
+        if let Some((_, on)) = self
+            .feature_gates
+            .iter()
+            .find(|(gate, _)| *gate == feature.gate())
+        {
+            return *on;
+        }
+        self.stage(feature).is_some_and(Stage::on_by_default)
+    }
+
+    pub fn stage(&self, feature: DraFeature) -> Option<Stage> {
+        self.features
+            .iter()
+            .find(|(f, _)| *f == feature)
+            .map(|(_, s)| *s)
+    }
+
+    /// Why a scenario that needs `needs` cannot run here, or `None` when it can.
+    pub fn lacks(&self, needs: &[DraFeature]) -> Option<String> {
+        let missing: Vec<String> = needs
+            .iter()
+            .filter(|f| !self.has(**f))
+            .map(|f| {
+                format!(
+                    "{} ({} in 1.{})",
+                    f.gate(),
+                    self.stage(*f).map_or("not known", Stage::describe),
+                    self.minor
+                )
+            })
+            .collect();
+        (!missing.is_empty()).then(|| format!("needs {}", missing.join("; ")))
+    }
+
+    /// Flags for kube-apiserver (`apiserver`) or the other control-plane
+    /// components: the feature gates, and the runtime-config.
+    pub fn control_plane_flags(&self, apiserver: bool) -> Vec<String> {
+        let mut flags: Vec<String> = self
+            .feature_gates_flag()
+            .map(|g| format!("--feature-gates={g}"))
+            .into_iter()
+            .collect();
+        if apiserver && !self.runtime_config.is_empty() {
+            flags.push(format!(
+                "--runtime-config={}",
+                self.runtime_config.join(",")
+            ));
+        }
+        flags
+    }
+
+    /// Sets this release's kubelet fields and feature gates in a
+    /// KubeletConfiguration object.
+    pub fn apply_to_kubelet_config(&self, config: &mut serde_json::Value) -> Result<()> {
+        let Some(object) = config.as_object_mut() else {
+            return Err(Error::Host("kubelet configuration is not an object".into()));
+        };
+        for (key, json) in self.kubelet_config {
+            let value = serde_json::from_str(json).map_err(|source| Error::Json {
+                what: format!("kubelet setting {key} of 1.{}", self.minor),
+                source,
+            })?;
+            object.insert((*key).to_string(), value);
+        }
+        if !self.feature_gates.is_empty() {
+            let gates: serde_json::Map<String, serde_json::Value> = self
+                .feature_gates
+                .iter()
+                .map(|(g, on)| ((*g).to_string(), serde_json::Value::Bool(*on)))
+                .collect();
+            object.insert("featureGates".into(), serde_json::Value::Object(gates));
+        }
+        Ok(())
+    }
+
+    /// The `--feature-gates` value, when there are gates to set.
+    pub fn feature_gates_flag(&self) -> Option<String> {
+        (!self.feature_gates.is_empty()).then(|| {
+            self.feature_gates
+                .iter()
+                .map(|(g, on)| format!("{g}={on}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_exact_versions() {
+        for (text, ok) in [
+            ("v1.34.4", true),
+            ("v1.37.2", true),
+            ("1.34.4", false),
+            ("v1.34", false),
+            ("v1.34.4.1", false),
+            ("v1.x.4", false),
+        ] {
+            assert_eq!(KubernetesVersion::parse(text).is_ok(), ok, "{text}");
+        }
+        let v = KubernetesVersion::parse("v1.34.4").unwrap();
+        assert_eq!(v.staging_version(), "v0.34.4");
+        assert_eq!(v.to_string(), "v1.34.4");
+    }
+
+    #[test]
+    fn resolves_minors_and_exact_versions() {
+        for (text, want) in [
+            ("1.37", Some("v1.37.2")),
+            ("v1.34", Some("v1.34.4")),
+            ("1.34.2", Some("v1.34.2")),
+            ("v1.37.2", Some("v1.37.2")),
+            (" 1.36 ", Some("v1.36.3")),
+            ("1.33", None),
+            ("1.40.1", None),
+            ("2.37", None),
+            ("latest", None),
+            ("1", None),
+        ] {
+            let got = KubernetesVersion::resolve(text).ok().map(|v| v.to_string());
+            assert_eq!(got.as_deref(), want, "{text}");
+        }
+        let err = KubernetesVersion::resolve("1.33").unwrap_err().to_string();
+        assert!(err.contains("1.34, 1.35, 1.36, 1.37"), "{err}");
+    }
+
+    #[test]
+    fn every_release_lists_every_feature_once() {
+        let all = [
+            DraFeature::AdminAccess,
+            DraFeature::PrioritizedList,
+            DraFeature::PartitionableDevices,
+            DraFeature::ConsumableCapacity,
+            DraFeature::DeviceTaints,
+            DraFeature::DeviceTaintRules,
+            DraFeature::ExtendedResource,
+            DraFeature::ResourceClaimDeviceStatus,
+            DraFeature::ResourceHealthStatus,
+        ];
+        for r in RELEASES {
+            assert_eq!(r.features.len(), all.len(), "1.{}", r.minor);
+            for f in all {
+                assert!(r.stage(f).is_some(), "1.{} lacks {f:?}", r.minor);
+            }
+            assert_eq!(r.version().to_string(), r.pinned);
+        }
+        for minor in CI_RELEASES {
+            assert!(Release::for_minor(minor).is_ok());
+        }
+    }
+
+    #[test]
+    fn reasons_name_the_gate_and_its_stage() {
+        let old = Release::for_minor(34).unwrap();
+        let new = Release::for_minor(37).unwrap();
+        assert_eq!(new.lacks(&[DraFeature::DeviceTaintRules]), None);
+        assert_eq!(old.lacks(&[DraFeature::AdminAccess]), None);
+        let why = old
+            .lacks(&[DraFeature::AdminAccess, DraFeature::DeviceTaintRules])
+            .unwrap();
+        assert_eq!(
+            why,
+            "needs DRADeviceTaintRules (alpha and off by default in 1.34)"
+        );
+        let r36 = Release::for_minor(36).unwrap();
+        assert!(r36.has(DraFeature::DeviceTaints));
+        assert!(!r36.has(DraFeature::DeviceTaintRules));
+        assert_eq!(old.feature_gates_flag(), None);
+        assert!(old.control_plane_flags(true).is_empty());
+        let mut config = serde_json::json!({"kind": "KubeletConfiguration"});
+        new.apply_to_kubelet_config(&mut config).unwrap();
+        assert_eq!(config["failCgroupV1"], serde_json::json!(false));
+        assert!(config.get("featureGates").is_none());
+    }
+
+    #[test]
+    fn gates_we_set_reach_every_component() {
+        let release = Release {
+            minor: 99,
+            pinned: "v1.99.0",
+            feature_gates: &[("DRADeviceTaintRules", true), ("DRAAdminAccess", false)],
+            runtime_config: &["resource.k8s.io/v1alpha3=true"],
+            kubelet_config: &[("maxPods", "12")],
+            features: &[
+                (DraFeature::DeviceTaintRules, Stage::Alpha),
+                (DraFeature::AdminAccess, Stage::Ga),
+            ],
+        };
+        assert!(release.has(DraFeature::DeviceTaintRules));
+        assert!(!release.has(DraFeature::AdminAccess));
+        assert_eq!(
+            release.control_plane_flags(true),
+            [
+                "--feature-gates=DRADeviceTaintRules=true,DRAAdminAccess=false",
+                "--runtime-config=resource.k8s.io/v1alpha3=true"
+            ]
+        );
+        assert_eq!(release.control_plane_flags(false).len(), 1);
+        let mut config = serde_json::json!({});
+        release.apply_to_kubelet_config(&mut config).unwrap();
+        assert_eq!(config["maxPods"], serde_json::json!(12));
+        assert_eq!(
+            config["featureGates"],
+            serde_json::json!({"DRADeviceTaintRules": true, "DRAAdminAccess": false})
+        );
+    }
+}
