@@ -148,7 +148,7 @@ async fn present(
 
 async fn apply_and_print(tb: &impl Testbed) -> Result<()> {
     kit::namespace(tb, NAMESPACE).await?;
-    let dir = e2e::local::examples_dir();
+    let dir = e2e::host_env::examples_dir();
     let mut pods = Vec::new();
     for (file, template) in EXAMPLES {
         let objs = kit::example(tb, &dir.join(file), None)?;

@@ -40,10 +40,13 @@ use sysfs_fixtures::Fixture;
 use crate::charts::{self, Chart, Helm};
 use crate::cluster::{ClusterConfig, LocalCluster, NodeSpec, TeardownReport};
 use crate::error::{Error, Result, io};
-use crate::local::LocalOptions;
-use crate::local::{GPU_TEST_MANIFEST, adapt_pod_for_local, rss_kib, wait_pool_complete};
+use crate::host_env::{driver_bin_dir, free_port, rss_kib};
 use crate::manifests;
+use crate::manifests::GPU_TEST_MANIFEST;
+use crate::pod_adapt::adapt_pod_for_local;
+use crate::pools::wait_pool_complete;
 use crate::process::run_checked;
+use crate::testbed::LocalOptions;
 use crate::testbed::{DriverKind, ManagedTestbed, NodeInfo, Testbed};
 use crate::versions::KubernetesVersion;
 
@@ -512,7 +515,7 @@ impl<H: ChartHost> ChartTestbed<H> {
             (primary, release)
         };
         let metrics_port = if self.deployment.unique_metrics_ports {
-            crate::local::free_port()?
+            free_port()?
         } else {
             8080
         };
@@ -1214,7 +1217,7 @@ impl ChartTestbed<LocalChartHost> {
     pub async fn start_local(options: &LocalOptions) -> Result<Self> {
         let bin_dir = match &options.bin_dir {
             Some(d) => d.clone(),
-            None => crate::local::driver_bin_dir(&DriverKind::ALL)?,
+            None => driver_bin_dir(&DriverKind::ALL)?,
         };
         let names: Vec<(String, String)> = options
             .nodes

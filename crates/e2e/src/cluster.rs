@@ -13,93 +13,28 @@
 //! loopback node IP, and the apiserver must reach the kubelet at the node's
 //! InternalIP for logs and exec).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use serde_json::json;
 
 use crate::cgroups;
+pub use crate::cluster_config::{
+    ClusterConfig, NODE_IP, NodeSpec, SERVICE_CIDR, selected_kubernetes_version,
+};
+use crate::cluster_config::{PortAllocator, is_short_dns_label, new_state_dir, run_id};
 use crate::error::{Error, Result, io};
 use crate::node::{self, LocalNode, NodeProcesses};
 use crate::pki::{self, CertPair, ClusterCa, Credentials};
 use crate::process::{self, ManagedProcess, TeardownGuard};
-use crate::toolchain::{Binaries, default_kubernetes_version, repo_root};
-use crate::versions::KubernetesVersion;
-
-/// The address the kubelets serve on; added to `lo` if missing.
-pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-/// Service CIDR given to the apiserver and controller-manager.
-pub const SERVICE_CIDR: &str = "10.0.0.0/24";
-
-/// One node to start.
-#[derive(Debug, Clone)]
-pub struct NodeSpec {
-    /// Node name: a DNS label of at most 20 characters (it ends up in paths).
-    pub name: String,
-    /// Labels the kubelet registers the Node with (`--node-labels`).
-    pub labels: BTreeMap<String, String>,
-}
-
-impl NodeSpec {
-    pub fn new(name: &str) -> Self {
-        Self {
-            name: name.to_string(),
-            labels: BTreeMap::new(),
-        }
-    }
-
-    pub fn label(mut self, key: &str, value: &str) -> Self {
-        self.labels.insert(key.to_string(), value.to_string());
-        self
-    }
-}
-
-/// What to start.
-#[derive(Debug, Clone)]
-pub struct ClusterConfig {
-    pub nodes: Vec<NodeSpec>,
-    pub kubernetes_version: KubernetesVersion,
-    /// How long each phase (control plane, each node) may take to come up.
-    pub start_timeout: Duration,
-    /// Leave the state dir (kubelet roots, containerd state) on teardown.
-    pub keep_state_dir: bool,
-}
-
-impl ClusterConfig {
-    /// One node per name, on the pinned Kubernetes version, or on the one
-    /// `AWS_DRA_K8S_VERSION` names (a compatibility run:
-    /// `cargo xtask e2e --cluster local --k8s-version v1.37.2`).
-    pub fn with_nodes(names: &[&str]) -> Self {
-        Self {
-            nodes: names.iter().map(|n| NodeSpec::new(n)).collect(),
-            kubernetes_version: selected_kubernetes_version(),
-            start_timeout: Duration::from_secs(120),
-            keep_state_dir: false,
-        }
-    }
-}
-
-/// `AWS_DRA_K8S_VERSION` when set and valid (a minor such as `1.34` or an
-/// exact version), else the main release's pinned patch. An invalid value is
-/// reported and ignored rather than silently testing something else than
-/// asked: the version is logged at cluster start.
-pub fn selected_kubernetes_version() -> KubernetesVersion {
-    match std::env::var("AWS_DRA_K8S_VERSION") {
-        Ok(v) if !v.is_empty() => KubernetesVersion::resolve(&v).unwrap_or_else(|e| {
-            tracing::error!(value = %v, error = %e, "AWS_DRA_K8S_VERSION is not a known version; using the main one");
-            default_kubernetes_version()
-        }),
-        _ => default_kubernetes_version(),
-    }
-}
+use crate::toolchain::{Binaries, repo_root};
 
 /// Mutable state shared with the Ctrl-C hook; teardown empties it.
 pub(crate) struct Processes {
@@ -216,13 +151,13 @@ fn kill_cgroup(relative: &str) {
 
 /// A running local cluster; dropping it tears everything down.
 pub struct LocalCluster {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
     _interrupt: TeardownGuard,
-    binaries: Binaries,
-    ca: ClusterCa,
-    server: String,
-    admin_kubeconfig: PathBuf,
-    client: Option<kube::Client>,
+    pub(crate) binaries: Binaries,
+    pub(crate) ca: ClusterCa,
+    pub(crate) server: String,
+    pub(crate) admin_kubeconfig: PathBuf,
+    pub(crate) client: Option<kube::Client>,
     nodes: Vec<LocalNode>,
 }
 
@@ -294,228 +229,6 @@ impl LocalCluster {
         }
     }
 
-    async fn bring_up(&mut self, config: &ClusterConfig) -> Result<()> {
-        node::ensure_node_ip(NODE_IP)?;
-        cgroups::create_everywhere(&self.inner.cgroup)?;
-        let run_dir = self.inner.run_dir.clone();
-        let timeout = config.start_timeout;
-        let mut ports = PortAllocator::default();
-
-        // etcd
-        let etcd_client = ports.pick(IpAddr::V4(Ipv4Addr::LOCALHOST))?;
-        let etcd_peer = ports.pick(IpAddr::V4(Ipv4Addr::LOCALHOST))?;
-        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
-        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
-        let mut etcd = Command::new(&self.binaries.etcd);
-        etcd.arg("--name=e2e")
-            .arg(format!(
-                "--data-dir={}",
-                self.inner.state_dir.join("etcd").display()
-            ))
-            .arg(format!("--listen-client-urls={etcd_url}"))
-            .arg(format!("--advertise-client-urls={etcd_url}"))
-            .arg(format!("--listen-peer-urls={peer_url}"))
-            .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-            .arg(format!("--initial-cluster=e2e={peer_url}"))
-            // Throwaway data: skip fsync, it is the slowest part on a small VM.
-            .arg("--unsafe-no-fsync")
-            .arg("--log-level=warn");
-        self.spawn_control_plane("etcd", etcd)?;
-        self.wait_until("etcd /health", timeout, || {
-            http_get_ok(SocketAddr::from(([127, 0, 0, 1], etcd_client)), "/health")
-        })
-        .await?;
-
-        // kube-apiserver
-        let pki_dir = run_dir.join("pki");
-        let api_port = ports.pick(IpAddr::V4(Ipv4Addr::LOCALHOST))?;
-        self.server = format!("https://127.0.0.1:{api_port}");
-        let serving = self.ca.serving_cert(
-            "kube-apiserver",
-            "kube-apiserver",
-            &[
-                "localhost",
-                "kubernetes",
-                "kubernetes.default",
-                "kubernetes.default.svc",
-                "kubernetes.default.svc.cluster.local",
-            ],
-            &[
-                IpAddr::V4(Ipv4Addr::LOCALHOST),
-                IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
-                IpAddr::V4(NODE_IP),
-            ],
-        )?;
-        // The apiserver's identity toward kubelets (logs, exec): full access.
-        let kubelet_client = self.ca.client_cert(
-            "kube-apiserver-kubelet-client",
-            "kube-apiserver",
-            &["system:masters"],
-        )?;
-        let sa = self.ca.service_account_key()?;
-        // Everything that differs between Kubernetes releases comes from its table.
-        let release = self.binaries.kubernetes_version.release()?;
-        let mut apiserver = Command::new(&self.binaries.kube_apiserver);
-        apiserver
-            .arg(format!("--etcd-servers={etcd_url}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={api_port}"))
-            .arg(format!(
-                "--cert-dir={}",
-                pki_dir.join("apiserver-generated").display()
-            ))
-            .arg(format!("--tls-cert-file={}", serving.cert_file.display()))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                serving.key_file.display()
-            ))
-            .arg(format!("--client-ca-file={}", self.ca.cert_file.display()))
-            .arg(format!(
-                "--kubelet-client-certificate={}",
-                kubelet_client.cert_file.display()
-            ))
-            .arg(format!(
-                "--kubelet-client-key={}",
-                kubelet_client.key_file.display()
-            ))
-            .arg(format!(
-                "--kubelet-certificate-authority={}",
-                self.ca.cert_file.display()
-            ))
-            .arg("--kubelet-preferred-address-types=InternalIP")
-            .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!(
-                "--service-account-key-file={}",
-                sa.public_key_file.display()
-            ))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                sa.private_key_file.display()
-            ))
-            .arg("--authorization-mode=Node,RBAC")
-            // Added to the default-on set (which includes ValidatingAdmissionPolicy).
-            .arg("--enable-admission-plugins=NodeRestriction")
-            .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
-            .arg("--allow-privileged=true")
-            // A loopback advertise address is refused by the endpoint reconciler.
-            .arg("--endpoint-reconciler-type=none")
-            .arg("--profiling=false")
-            .args(release.control_plane_flags(true));
-        self.spawn_control_plane("kube-apiserver", apiserver)?;
-
-        let admin = self
-            .ca
-            .client_cert("admin", "system:admin", &["system:masters"])?;
-        let admin_kubeconfig = self.admin_kubeconfig.clone();
-        self.write_kubeconfig(&admin_kubeconfig, "system:admin", &admin)?;
-        let client = client_from_kubeconfig(&admin_kubeconfig).await?;
-        self.wait_until_async("kube-apiserver /readyz", timeout, || {
-            let client = client.clone();
-            async move {
-                let req = http_request("/readyz");
-                matches!(client.request_text(req).await, Ok(body) if body.trim() == "ok")
-            }
-        })
-        .await?;
-        self.client = Some(client.clone());
-
-        // kube-controller-manager
-        let kcm_cert = self.ca.client_cert(
-            "kube-controller-manager",
-            "system:kube-controller-manager",
-            &[],
-        )?;
-        let kcm_kubeconfig = run_dir.join("kube-controller-manager.kubeconfig");
-        self.write_kubeconfig(&kcm_kubeconfig, "system:kube-controller-manager", &kcm_cert)?;
-        let kcm_port = ports.pick(IpAddr::V4(Ipv4Addr::LOCALHOST))?;
-        let mut kcm = Command::new(&self.binaries.kube_controller_manager);
-        kcm.arg(format!("--kubeconfig={}", kcm_kubeconfig.display()))
-            .arg(format!(
-                "--authentication-kubeconfig={}",
-                kcm_kubeconfig.display()
-            ))
-            .arg(format!(
-                "--authorization-kubeconfig={}",
-                kcm_kubeconfig.display()
-            ))
-            .arg("--use-service-account-credentials")
-            .arg(format!(
-                "--service-account-private-key-file={}",
-                sa.private_key_file.display()
-            ))
-            .arg(format!("--root-ca-file={}", self.ca.cert_file.display()))
-            .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
-            .arg("--leader-elect=false")
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={kcm_port}"))
-            .arg(format!(
-                "--cert-dir={}",
-                pki_dir.join("kcm-generated").display()
-            ))
-            .arg("--controllers=*")
-            .args(release.control_plane_flags(false));
-        self.spawn_control_plane("kube-controller-manager", kcm)?;
-
-        // kube-scheduler
-        let sched_cert = self
-            .ca
-            .client_cert("kube-scheduler", "system:kube-scheduler", &[])?;
-        let sched_kubeconfig = run_dir.join("kube-scheduler.kubeconfig");
-        self.write_kubeconfig(&sched_kubeconfig, "system:kube-scheduler", &sched_cert)?;
-        let sched_config = run_dir.join("kube-scheduler.config.json");
-        write_json(
-            &sched_config,
-            &json!({
-                "apiVersion": "kubescheduler.config.k8s.io/v1",
-                "kind": "KubeSchedulerConfiguration",
-                "clientConnection": {"kubeconfig": sched_kubeconfig},
-                "leaderElection": {"leaderElect": false},
-            }),
-        )?;
-        let sched_port = ports.pick(IpAddr::V4(Ipv4Addr::LOCALHOST))?;
-        let mut scheduler = Command::new(&self.binaries.kube_scheduler);
-        scheduler
-            .arg(format!("--config={}", sched_config.display()))
-            .arg(format!(
-                "--authentication-kubeconfig={}",
-                sched_kubeconfig.display()
-            ))
-            .arg(format!(
-                "--authorization-kubeconfig={}",
-                sched_kubeconfig.display()
-            ))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={sched_port}"))
-            .arg(format!(
-                "--cert-dir={}",
-                pki_dir.join("scheduler-generated").display()
-            ))
-            .args(release.control_plane_flags(false));
-        self.spawn_control_plane("kube-scheduler", scheduler)?;
-
-        // The controller-manager is up once it created the default ServiceAccount
-        // (ServiceAccount admission rejects pods until then).
-        let sa_api: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
-        self.wait_until_async("ServiceAccount default/default", timeout, || {
-            let sa_api = sa_api.clone();
-            async move { matches!(sa_api.get_opt("default").await, Ok(Some(_))) }
-        })
-        .await?;
-        self.wait_until("kube-scheduler port", timeout, || {
-            TcpStream::connect_timeout(
-                &SocketAddr::from(([127, 0, 0, 1], sched_port)),
-                Duration::from_millis(200),
-            )
-            .is_ok()
-        })
-        .await?;
-
-        for spec in &config.nodes {
-            self.add_node(spec, &mut ports, timeout).await?;
-        }
-        Ok(())
-    }
-
     /// Starts one more node (containerd + kubelet) and waits for its Node object.
     pub async fn add_node_now(&mut self, spec: &NodeSpec) -> Result<&LocalNode> {
         let mut ports = PortAllocator::default();
@@ -526,7 +239,7 @@ impl LocalCluster {
             .ok_or_else(|| Error::Host("node list empty after add".into()))
     }
 
-    async fn add_node(
+    pub(crate) async fn add_node(
         &mut self,
         spec: &NodeSpec,
         ports: &mut PortAllocator,
@@ -589,7 +302,7 @@ impl LocalCluster {
         Ok(())
     }
 
-    fn spawn_control_plane(&self, name: &str, command: Command) -> Result<()> {
+    pub(crate) fn spawn_control_plane(&self, name: &str, command: Command) -> Result<()> {
         let log = self.inner.run_dir.join(format!("{name}.log"));
         let p = ManagedProcess::spawn(name, command, &log)?;
         cgroups::track(&format!("{}/control-plane", self.inner.cgroup), p.pid())?;
@@ -603,7 +316,7 @@ impl LocalCluster {
         Ok(())
     }
 
-    fn write_kubeconfig(&self, path: &Path, user: &str, cert: &CertPair) -> Result<()> {
+    pub(crate) fn write_kubeconfig(&self, path: &Path, user: &str, cert: &CertPair) -> Result<()> {
         pki::write_kubeconfig(
             path,
             &self.server,
@@ -629,7 +342,7 @@ impl LocalCluster {
         Ok(())
     }
 
-    async fn wait_until(
+    pub(crate) async fn wait_until(
         &self,
         what: &str,
         timeout: Duration,
@@ -639,7 +352,7 @@ impl LocalCluster {
             .await
     }
 
-    async fn wait_until_async<F, Fut>(
+    pub(crate) async fn wait_until_async<F, Fut>(
         &self,
         what: &str,
         timeout: Duration,
@@ -862,103 +575,6 @@ impl HostProcess {
     }
 }
 
-#[derive(Default)]
-struct PortAllocator {
-    used: BTreeSet<(IpAddr, u16)>,
-}
-
-impl PortAllocator {
-    /// A port that is free on `ip` now (the kernel picks; we never hand the same one out twice).
-    fn pick(&mut self, ip: IpAddr) -> Result<u16> {
-        for _ in 0..50 {
-            let listener = TcpListener::bind((ip, 0))
-                .map_err(|source| Error::NoFreePort { addr: ip, source })?;
-            let port = listener
-                .local_addr()
-                .map_err(|source| Error::NoFreePort { addr: ip, source })?
-                .port();
-            if self.used.insert((ip, port)) {
-                return Ok(port);
-            }
-        }
-        Err(Error::NoFreePort {
-            addr: ip,
-            source: std::io::Error::other("kernel kept returning used ports"),
-        })
-    }
-}
-
-/// Root of the state dirs (`/run/ad/<pid>`, short for unix socket paths).
-pub const STATE_ROOT: &str = "/run/ad";
-
-/// A new, empty `/run/ad/<pid in hex>[suffix]`. As short as it is because
-/// unix socket paths (≤ 107 bytes) are built under it: with a pod's UID in
-/// its name (the DaemonSet's seamless-upgrade naming), an EFA registration
-/// socket takes 86 bytes after the kubelet root dir, so the root may be 21
-/// bytes at most: `/run/ad/<pid>/<n>/k` is.
-fn new_state_dir() -> Result<PathBuf> {
-    let root = Path::new(STATE_ROOT);
-    fs::create_dir_all(root).map_err(io("creating", root))?;
-    let pid = format!("{:x}", std::process::id());
-    for suffix in ["", "a", "b", "c", "d", "e", "f", "g"] {
-        let dir = root.join(format!("{pid}{suffix}"));
-        match fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io("creating", &dir)(e)),
-        }
-    }
-    Err(Error::Host(format!(
-        "{STATE_ROOT}/{pid}* all exist: remove the state dirs of old runs"
-    )))
-}
-
-fn run_id() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    format!("{secs}-{}", std::process::id())
-}
-
-fn is_short_dns_label(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 20
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-}
-
-fn http_request(path: &str) -> http::Request<Vec<u8>> {
-    let mut req = http::Request::new(Vec::new());
-    *req.uri_mut() = http::Uri::try_from(path).unwrap_or_default();
-    req
-}
-
-/// Minimal HTTP/1.0 GET on loopback (etcd's /health), true on a 200.
-fn http_get_ok(addr: SocketAddr, path: &str) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").is_err() {
-        return false;
-    }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200")
-}
-
-pub(crate) fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|source| Error::Json {
-        what: path.display().to_string(),
-        source,
-    })?;
-    fs::write(path, text).map_err(io("writing", path))
-}
-
 /// A client for the kubeconfig at `path`.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     let err = |message: String| Error::Kubeconfig {
@@ -973,33 +589,4 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
         action: format!("building a client from {}", path.display()),
         source,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn node_names_must_be_short_labels() {
-        for (name, ok) in [
-            ("p5", true),
-            ("trn2", true),
-            ("trn1-big", true),
-            ("", false),
-            ("P5", false),
-            ("-p5", false),
-            ("a-very-long-node-name-indeed", false),
-            ("p5/x", false),
-        ] {
-            assert_eq!(is_short_dns_label(name), ok, "{name}");
-        }
-    }
-
-    #[test]
-    fn ports_are_not_handed_out_twice() {
-        let mut ports = PortAllocator::default();
-        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        let picked: BTreeSet<u16> = (0..20).map(|_| ports.pick(ip).unwrap()).collect();
-        assert_eq!(picked.len(), 20);
-    }
 }

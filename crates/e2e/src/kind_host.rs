@@ -46,7 +46,7 @@ pub const CDI_ROOT: &str = "/var/run/cdi";
 /// The kind workers: `(role, instance type, drivers)`, the local testbed's
 /// p5 and trn2 nodes plus the trn1 node that scenario 6 adds there.
 pub fn roles() -> Vec<(String, String, Vec<DriverKind>)> {
-    let mut nodes = crate::local::LocalOptions::default().nodes;
+    let mut nodes = crate::testbed::LocalOptions::default().nodes;
     nodes.push((
         "trn1".into(),
         "trn1.32xlarge".into(),
@@ -298,7 +298,7 @@ impl ChartHost for KindHost {
     /// The suite's probe image (loaded, never pulled) in place of the
     /// example's; the pod network of kind needs nothing else.
     fn adapt_pod(&self, pod: &mut Value) {
-        crate::local::use_probe_image(pod);
+        crate::pod_adapt::use_probe_image(pod);
     }
 
     /// The testbed's scratch files (kubeconfigs, fixture descriptions).

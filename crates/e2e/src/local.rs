@@ -17,8 +17,7 @@
 //! running executable (`target/<profile>/`, also from `deps/`).
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -26,65 +25,25 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use serde_json::{Value, json};
 use sysfs_fixtures::Fixture;
 
 use crate::charts::{self, Helm};
-use crate::cluster::{
-    ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport, selected_kubernetes_version,
-};
+use crate::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
 use crate::error::{Error, Result, io};
+use crate::host_env::{driver_bin_dir, free_port, http_get, rss_kib};
 use crate::manifests;
-use crate::testbed::{DriverKind, ManagedTestbed, NodeInfo, Testbed};
-use crate::toolchain::{PAUSE_IMAGE, PROBE_IMAGE, repo_root};
-use crate::versions::KubernetesVersion;
-
-/// The test GPU driver's DeviceClass, ServiceAccount and RBAC.
-pub const GPU_TEST_MANIFEST: &str = include_str!("../manifests/gpu-test-driver.yaml");
+use crate::manifests::GPU_TEST_MANIFEST;
+use crate::pod_adapt::adapt_pod_for_local;
+use crate::pools::wait_pool_complete;
+use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed};
+use crate::toolchain::PAUSE_IMAGE;
 
 /// How long a driver may take from start to a complete pool in the API.
 const SLICES_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// What to start.
-#[derive(Debug, Clone)]
-pub struct LocalOptions {
-    /// `(node, instance type, drivers)`.
-    pub nodes: Vec<(String, String, Vec<DriverKind>)>,
-    /// Leave kubelet/containerd state on teardown.
-    pub keep_state_dir: bool,
-    /// Where the driver binaries are; `None`: [`driver_bin_dir`]'s lookup.
-    pub bin_dir: Option<PathBuf>,
-    /// The Kubernetes release to run (default: `AWS_DRA_K8S_VERSION`, else the main release).
-    pub kubernetes_version: KubernetesVersion,
-}
-
-impl Default for LocalOptions {
-    /// `p5` (p5.48xlarge: EFA + test GPU driver) and `trn2` (trn2.48xlarge: EFA + Neuron).
-    fn default() -> Self {
-        Self {
-            nodes: vec![
-                (
-                    "p5".into(),
-                    "p5.48xlarge".into(),
-                    vec![DriverKind::Efa, DriverKind::GpuTest],
-                ),
-                (
-                    "trn2".into(),
-                    "trn2.48xlarge".into(),
-                    vec![DriverKind::Efa, DriverKind::Neuron],
-                ),
-            ],
-            keep_state_dir: false,
-            bin_dir: None,
-            kubernetes_version: selected_kubernetes_version(),
-        }
-    }
-}
-
-/// The drivers on the nodes, with their metrics ports and credentials.
 struct DriverSlot {
     kubeconfig: PathBuf,
     metrics_port: u16,
@@ -110,83 +69,9 @@ pub struct LocalTestbed {
     start_times: Mutex<Vec<(String, DriverKind, Duration)>>,
 }
 
-/// Finds the directory holding the executables of `kinds`.
-pub fn driver_bin_dir(kinds: &[DriverKind]) -> Result<PathBuf> {
-    let missing = |dir: &Path| Error::MissingBinary {
-        what: "driver binaries (cargo build -p efa-driver -p neuron-driver -p e2e --bins)".into(),
-        path: dir.to_path_buf(),
-    };
-    let has_all = |dir: &Path| kinds.iter().all(|k| dir.join(k.binary()).is_file());
-    if let Some(dir) = std::env::var_os("AWS_DRA_BIN_DIR") {
-        let dir = PathBuf::from(dir);
-        return if has_all(&dir) {
-            Ok(dir)
-        } else {
-            Err(missing(&dir))
-        };
-    }
-    let exe = std::env::current_exe().map_err(io("locating", "the running executable"))?;
-    let mut candidates = Vec::new();
-    if let Some(dir) = exe.parent() {
-        candidates.push(dir.to_path_buf());
-        if let Some(up) = dir.parent() {
-            candidates.push(up.to_path_buf());
-        }
-    }
-    candidates
-        .iter()
-        .find(|d| has_all(d))
-        .cloned()
-        .ok_or_else(|| missing(candidates.first().map_or(Path::new("."), |p| p)))
-}
-
-pub(crate) fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| Error::NoFreePort {
-        addr: std::net::IpAddr::from([127, 0, 0, 1]),
-        source,
-    })?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|source| Error::NoFreePort {
-            addr: std::net::IpAddr::from([127, 0, 0, 1]),
-            source,
-        })
-}
-
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let action = action.into();
     move |source| Error::Kube { action, source }
-}
-
-/// A plain HTTP/1.0 GET on loopback; the body on a 200.
-pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
-    let fail = |m: String| Error::Testbed(format!("GET http://{addr}{path}: {m}"));
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .map_err(|e| fail(e.to_string()))?;
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
-        .map_err(|e| fail(e.to_string()))?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .map_err(|e| fail(e.to_string()))?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| fail("no header end".into()))?;
-    if !(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200")) {
-        return Err(fail(head.lines().next().unwrap_or_default().to_string()));
-    }
-    Ok(body.to_string())
-}
-
-/// VmRSS of `pid` in KiB.
-pub fn rss_kib(pid: i32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
 }
 
 impl LocalTestbed {
@@ -442,55 +327,6 @@ impl LocalTestbed {
     }
 }
 
-/// Polls the ResourceSlices of `kind`'s driver on Node `node_name` every
-/// 100 ms until their pool is complete with `expected` devices (`true`) or
-/// `timeout` has passed (`false`). `check` runs every round; its error ends
-/// the wait (the driver is gone).
-pub(crate) async fn wait_pool_complete(
-    client: &kube::Client,
-    node_name: &str,
-    kind: DriverKind,
-    expected: usize,
-    timeout: Duration,
-    mut check: impl FnMut() -> Result<()>,
-) -> Result<bool> {
-    let slices: Api<ResourceSlice> = Api::all(client.clone());
-    let lp = ListParams::default().fields(&format!(
-        "spec.nodeName={node_name},spec.driver={}",
-        kind.driver_name()
-    ));
-    let started = Instant::now();
-    loop {
-        if let Ok(list) = slices.list(&lp).await
-            && pool_complete(&list.items) == Some(expected)
-        {
-            return Ok(true);
-        }
-        check()?;
-        if started.elapsed() > timeout {
-            return Ok(false);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Devices in a pool when all `resourceSliceCount` slices of its newest
-/// generation are present; `None` while incomplete.
-pub fn pool_complete(slices: &[ResourceSlice]) -> Option<usize> {
-    let newest = slices.iter().map(|s| s.spec.pool.generation).max()?;
-    let current: Vec<&ResourceSlice> = slices
-        .iter()
-        .filter(|s| s.spec.pool.generation == newest)
-        .collect();
-    let want = current.first()?.spec.pool.resource_slice_count;
-    (current.len() as i64 == want).then(|| {
-        current
-            .iter()
-            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
-            .sum()
-    })
-}
-
 impl ManagedTestbed for LocalTestbed {
     fn start_times(&self) -> Vec<(String, DriverKind, Duration)> {
         self.start_times
@@ -704,100 +540,5 @@ impl Testbed for LocalTestbed {
             "component logs in {} (drivers: nodes/<node>/<driver>.log, kubelet: nodes/<node>/kubelet.log)",
             self.run_dir.display()
         )
-    }
-}
-
-/// Makes an example pod runnable on the local cluster: the probe image
-/// (never pulled) instead of the example's, which prints what the container
-/// got; host network and a toleration for the NotReady taints (no CNI); a
-/// short grace period (the probe exits on SIGTERM).
-pub fn adapt_pod_for_local(pod: &mut Value) {
-    use_probe_image(pod);
-    if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {
-        spec.insert("hostNetwork".into(), Value::Bool(true));
-        spec.insert("tolerations".into(), json!([{"operator": "Exists"}]));
-    }
-}
-
-/// The part of [`adapt_pod_for_local`] every cluster needs: the probe image
-/// (never pulled) in every container, the example's command dropped, and a
-/// short grace period (the probe exits on SIGTERM).
-pub fn use_probe_image(pod: &mut Value) {
-    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
-        return;
-    };
-    spec.insert("terminationGracePeriodSeconds".into(), json!(1));
-    if let Some(containers) = spec.get_mut("containers").and_then(Value::as_array_mut) {
-        for c in containers.iter_mut().filter_map(Value::as_object_mut) {
-            c.insert("image".into(), Value::String(PROBE_IMAGE.into()));
-            c.insert("imagePullPolicy".into(), Value::String("Never".into()));
-            c.remove("command");
-            c.remove("args");
-        }
-    }
-}
-
-/// The repository's `examples/` directory.
-pub fn examples_dir() -> PathBuf {
-    repo_root().join("examples")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn adapted_pods_run_the_probe_on_the_host_network_and_keep_their_claims() {
-        let mut pod = json!({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-            "spec": {
-                "resourceClaims": [{"name": "efa", "resourceClaimTemplateName": "t"}],
-                "containers": [{
-                    "name": "app", "image": "busybox", "command": ["sh"], "args": ["-c", "x"],
-                    "resources": {"claims": [{"name": "efa"}]},
-                }],
-            },
-        });
-        adapt_pod_for_local(&mut pod);
-        let c = &pod["spec"]["containers"][0];
-        assert_eq!(c["image"], PROBE_IMAGE);
-        assert_eq!(c["imagePullPolicy"], "Never");
-        assert!(c.get("command").is_none() && c.get("args").is_none());
-        assert_eq!(c["resources"]["claims"][0]["name"], "efa");
-        assert_eq!(pod["spec"]["hostNetwork"], true);
-        assert_eq!(pod["spec"]["tolerations"][0]["operator"], "Exists");
-        assert_eq!(
-            pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
-            "t"
-        );
-    }
-
-    fn slice(generation: i64, count: i64, devices: usize) -> ResourceSlice {
-        serde_json::from_value(json!({
-            "metadata": {"name": "s"},
-            "spec": {
-                "driver": "d", "nodeName": "n",
-                "pool": {"name": "n", "generation": generation, "resourceSliceCount": count},
-                "devices": (0..devices).map(|i| json!({"name": format!("d{i}")})).collect::<Vec<_>>(),
-            },
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_pool_is_complete_only_with_every_slice_of_its_newest_generation() {
-        assert_eq!(pool_complete(&[]), None);
-        assert_eq!(pool_complete(&[slice(1, 1, 32)]), Some(32));
-        assert_eq!(pool_complete(&[slice(2, 2, 128)]), None);
-        assert_eq!(
-            pool_complete(&[slice(2, 2, 128), slice(2, 2, 2)]),
-            Some(130)
-        );
-        assert_eq!(pool_complete(&[slice(1, 1, 5), slice(2, 1, 6)]), Some(6));
-    }
-
-    #[test]
-    fn rss_of_this_process_is_known() {
-        assert!(rss_kib(std::process::id() as i32).unwrap() > 0);
     }
 }

@@ -16,6 +16,9 @@ use serde_json::Value;
 
 use crate::error::{Error, Result, io};
 
+/// The test GPU driver's DeviceClass, ServiceAccount and RBAC.
+pub const GPU_TEST_MANIFEST: &str = include_str!("../manifests/gpu-test-driver.yaml");
+
 /// Field manager of everything the suite applies.
 pub const FIELD_MANAGER: &str = "aws-dra-e2e";
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::cgroups;
-use crate::cluster::{NODE_IP, NodeSpec, write_json};
+use crate::cluster_config::{NODE_IP, NodeSpec, write_json};
 use crate::error::{Error, Result, io};
 use crate::pki::CertPair;
 use crate::process::{ManagedProcess, run_checked};

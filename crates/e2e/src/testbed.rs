@@ -17,7 +17,9 @@ use sysfs_fixtures::Fixture;
 
 use crate::charts::{self, Chart};
 use crate::cluster::TeardownReport;
+use crate::cluster_config::selected_kubernetes_version;
 use crate::error::Result;
+use crate::versions::KubernetesVersion;
 
 /// A driver the suite runs on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -81,6 +83,43 @@ impl DriverKind {
     }
 }
 
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct LocalOptions {
+    /// `(node, instance type, drivers)`.
+    pub nodes: Vec<(String, String, Vec<DriverKind>)>,
+    /// Leave kubelet/containerd state on teardown.
+    pub keep_state_dir: bool,
+    /// Where the driver binaries are; `None`: [`crate::host_env::driver_bin_dir`]'s lookup.
+    pub bin_dir: Option<PathBuf>,
+    /// The Kubernetes release to run (default: `AWS_DRA_K8S_VERSION`, else the main release).
+    pub kubernetes_version: KubernetesVersion,
+}
+
+impl Default for LocalOptions {
+    /// `p5` (p5.48xlarge: EFA + test GPU driver) and `trn2` (trn2.48xlarge: EFA + Neuron).
+    fn default() -> Self {
+        Self {
+            nodes: vec![
+                (
+                    "p5".into(),
+                    "p5.48xlarge".into(),
+                    vec![DriverKind::Efa, DriverKind::GpuTest],
+                ),
+                (
+                    "trn2".into(),
+                    "trn2.48xlarge".into(),
+                    vec![DriverKind::Efa, DriverKind::Neuron],
+                ),
+            ],
+            keep_state_dir: false,
+            bin_dir: None,
+            kubernetes_version: selected_kubernetes_version(),
+        }
+    }
+}
+
+/// The drivers on the nodes, with their metrics ports and credentials.
 /// ServiceAccount of the test GPU driver (from `manifests/gpu-test-driver.yaml`).
 pub const GPU_TEST_SERVICE_ACCOUNT: &str = "gpu-test-driver";
 

@@ -8,7 +8,7 @@ use anyhow::{Result, anyhow, ensure};
 use serde_json::{Value, json};
 
 use super::kit::{self, Allocated, ProbeReport, attr_str};
-use crate::local::examples_dir;
+use crate::host_env::examples_dir;
 use crate::testbed::{DriverKind, NodeInfo, Testbed};
 
 pub(super) const RUNNING: Duration = Duration::from_secs(120);

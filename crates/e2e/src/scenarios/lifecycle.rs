@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::allocate::{GONE, RUNNING, check_efa_view, check_neuron_view, node, visible_cores};
 use super::kit;
-use crate::local::examples_dir;
+use crate::host_env::examples_dir;
 use crate::testbed::{DriverKind, Testbed};
 
 /// Whether the driver on `node` holds `claim_uid` prepared: its checkpoint

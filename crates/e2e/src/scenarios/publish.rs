@@ -37,7 +37,7 @@ async fn slice_versions(tb: &impl Testbed) -> Result<BTreeMap<String, (String, S
 fn check_pool(node: &NodeInfo, kind: DriverKind, slices: &[ResourceSlice]) -> Result<()> {
     let what = format!("{} on {}", kind.driver_name(), node.name);
     ensure!(!slices.is_empty(), "{what}: no slices");
-    let complete = crate::local::pool_complete(slices);
+    let complete = crate::pools::pool_complete(slices);
     ensure!(
         complete == Some(kind.expected_devices(&node.fixture)),
         "{what}: pool has {complete:?} devices, fixture has {}",
@@ -220,7 +220,7 @@ pub async fn slices(tb: &impl Testbed, _ns: &str) -> Result<()> {
             let now = kit::slices(tb, "p5", DriverKind::Efa).await?;
             let back = now.iter().any(|s| s.metadata.uid != old_uid);
             Ok(
-                (back && crate::local::pool_complete(&now) == Some(p5.fixture.efas.len()))
+                (back && crate::pools::pool_complete(&now) == Some(p5.fixture.efas.len()))
                     .then_some(()),
             )
         },

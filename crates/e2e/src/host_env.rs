@@ -1,0 +1,101 @@
+//! Where things are on this machine and what its processes use: the driver
+//! binaries, the repository's examples, free loopback ports, a plain HTTP
+//! GET for metrics endpoints, and a process's resident memory.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{Error, Result, io};
+use crate::testbed::DriverKind;
+use crate::toolchain::repo_root;
+
+/// Finds the directory holding the executables of `kinds`.
+pub fn driver_bin_dir(kinds: &[DriverKind]) -> Result<PathBuf> {
+    let missing = |dir: &Path| Error::MissingBinary {
+        what: "driver binaries (cargo build -p efa-driver -p neuron-driver -p e2e --bins)".into(),
+        path: dir.to_path_buf(),
+    };
+    let has_all = |dir: &Path| kinds.iter().all(|k| dir.join(k.binary()).is_file());
+    if let Some(dir) = std::env::var_os("AWS_DRA_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        return if has_all(&dir) {
+            Ok(dir)
+        } else {
+            Err(missing(&dir))
+        };
+    }
+    let exe = std::env::current_exe().map_err(io("locating", "the running executable"))?;
+    let mut candidates = Vec::new();
+    if let Some(dir) = exe.parent() {
+        candidates.push(dir.to_path_buf());
+        if let Some(up) = dir.parent() {
+            candidates.push(up.to_path_buf());
+        }
+    }
+    candidates
+        .iter()
+        .find(|d| has_all(d))
+        .cloned()
+        .ok_or_else(|| missing(candidates.first().map_or(Path::new("."), |p| p)))
+}
+
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| Error::NoFreePort {
+        addr: std::net::IpAddr::from([127, 0, 0, 1]),
+        source,
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| Error::NoFreePort {
+            addr: std::net::IpAddr::from([127, 0, 0, 1]),
+            source,
+        })
+}
+
+/// A plain HTTP/1.0 GET on loopback; the body on a 200.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let fail = |m: String| Error::Testbed(format!("GET http://{addr}{path}: {m}"));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|e| fail(e.to_string()))?;
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")
+        .map_err(|e| fail(e.to_string()))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| fail(e.to_string()))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| fail("no header end".into()))?;
+    if !(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200")) {
+        return Err(fail(head.lines().next().unwrap_or_default().to_string()));
+    }
+    Ok(body.to_string())
+}
+
+/// VmRSS of `pid` in KiB.
+pub fn rss_kib(pid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The repository's `examples/` directory.
+pub fn examples_dir() -> PathBuf {
+    repo_root().join("examples")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_of_this_process_is_known() {
+        assert!(rss_kib(std::process::id() as i32).unwrap() > 0);
+    }
+}
