@@ -355,7 +355,7 @@ impl Expect {
     fn kind(spec: &ChartSpec) -> Expect {
         let kind = crate::kind::driver_kind(spec).expect("chart of a known driver");
         Expect {
-            fullname: e2e::chart_testbed::release_name(kind, None),
+            fullname: e2e::chart_testbed::values::release_name(kind, None),
             sysfs_root: format!("{}/sys", crate::kind::FIXTURE_MOUNT),
             dev_root: format!("{}/dev", crate::kind::FIXTURE_MOUNT),
             extra_args: vec!["--log-format=text".into()],

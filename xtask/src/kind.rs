@@ -26,7 +26,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use e2e::DriverKind;
-use e2e::chart_testbed::{ROLE_LABEL, release_name, release_values};
+use e2e::chart_testbed::host::ROLE_LABEL;
+use e2e::chart_testbed::values::{release_name, release_values};
 use serde_json::{Value, json};
 
 use crate::charts::ChartSpec;
@@ -215,7 +216,7 @@ pub fn bring_up(root: &Path, work: &Path, bin_dir: &Path, probe_archive: &Path) 
     )?;
     let drivers_archive = work.join("drivers.oci.tar");
     e2e::image::write_archive(
-        &e2e::chart_testbed::driver_image_spec(bin_dir)?,
+        &e2e::chart_testbed::local_host::driver_image_spec(bin_dir)?,
         &drivers_archive,
     )?;
     for archive in [&drivers_archive, &probe_archive.to_path_buf()] {

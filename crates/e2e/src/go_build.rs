@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result, io};
+use crate::paths::{cache_root, which};
 use crate::process::run_checked;
-use crate::toolchain::{cache_root, which};
 use crate::versions::KubernetesVersion;
 
 /// Called with one human-readable line per step.

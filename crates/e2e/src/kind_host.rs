@@ -23,7 +23,8 @@ use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
-use crate::chart_testbed::{
+use crate::chart_testbed::ChartTestbed;
+use crate::chart_testbed::host::{
     ChartHost, DRIVERS_IMAGE_REPOSITORY, DRIVERS_IMAGE_TAG, Deployment, HostPaths, NodeLayout,
     ROLE_LABEL,
 };
@@ -316,6 +317,20 @@ impl ChartHost for KindHost {
             "node logs: kind export logs --name {CLUSTER_NAME} {}",
             self.work_dir.join("kind-logs").display()
         )
+    }
+}
+
+impl ChartTestbed<KindHost> {
+    /// The scenarios' testbed on a kind cluster that is already up (see
+    /// [`crate::kind_host`]): installs the charts and starts the drivers on
+    /// the nodes labelled with the roles of `nodes`.
+    pub async fn start_kind(
+        kubeconfig: &Path,
+        work_dir: &Path,
+        nodes: &[(String, String, Vec<DriverKind>)],
+    ) -> Result<Self> {
+        let host = KindHost::connect(kubeconfig, work_dir).await?;
+        Self::start(host, nodes, &work_dir.join("charts")).await
     }
 }
 

@@ -30,6 +30,7 @@ pub mod kind_host;
 pub mod local;
 pub mod manifests;
 mod node;
+pub mod paths;
 pub mod pki;
 pub mod pod_adapt;
 pub mod pools;
@@ -39,7 +40,9 @@ pub mod testbed;
 pub mod toolchain;
 pub mod versions;
 
-pub use chart_testbed::{ChartHost, ChartTestbed, LocalChartHost};
+pub use chart_testbed::ChartTestbed;
+pub use chart_testbed::host::ChartHost;
+pub use chart_testbed::local_host::LocalChartHost;
 pub use cluster::{
     ClusterConfig, HostProcess, LocalCluster, NODE_IP, NodeSpec, TeardownReport,
     client_from_kubeconfig,

@@ -20,6 +20,8 @@ use crate::go_build::{
     run_with_heartbeat,
 };
 use crate::image::{self, ImageSpec};
+use crate::paths::which;
+pub use crate::paths::{cache_root, repo_root};
 use crate::process::run_checked;
 use crate::versions::{KubernetesVersion, MAIN_MINOR, Release};
 
@@ -43,21 +45,6 @@ pub const CONTAINERD_VERSION: &str = "v2.1.9";
 /// Image references the cluster uses; pods must name them exactly.
 pub const PAUSE_IMAGE: &str = "localhost/aws-dra-e2e/pause:v1";
 pub const PROBE_IMAGE: &str = "localhost/aws-dra-e2e/probe:v1";
-
-/// Root of the repository, where the wrapper Go modules live.
-pub fn repo_root() -> PathBuf {
-    // crates/e2e → repository root; this is a developer tool run from a checkout.
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The cache root: `$AWS_DRA_CACHE_DIR`, else `$HOME/.cache/aws-dra`.
-pub fn cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("AWS_DRA_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
-    home.join(".cache/aws-dra")
-}
 
 /// Every executable and image archive a cluster needs, at absolute paths.
 #[derive(Debug, Clone)]
@@ -364,14 +351,6 @@ fn ensure_host_packages(progress: &mut Progress) -> Result<()> {
         .args(&packages)
         .env("DEBIAN_FRONTEND", "noninteractive");
     run_with_heartbeat(&mut cmd, "apt-get", progress)
-}
-
-pub(crate) fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 #[cfg(test)]

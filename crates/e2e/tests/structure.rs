@@ -1,0 +1,277 @@
+//! The shape of the harness code itself, as issue 11 asks it to stay:
+//! inside `crates/e2e/src` and `xtask/src`, no two files use each other,
+//! directly or in a loop, and no file grows past ~600 lines without saying
+//! why at its top.
+//!
+//! A file "uses" another when its code (comments and its inline `tests`
+//! module aside) names an item through a path that resolves into the other
+//! file: `crate::a::b`, `super::x`, `self::x`, in `use` lines or inline.
+//! `mod x;` declarations do not count: a parent declaring a child is not a
+//! dependency on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Longest a file may be without a stated reason.
+const MAX_LINES: usize = 600;
+/// What a longer file must say in its first 20 lines.
+const REASON_MARKER: &str = "Longer than 600 lines because";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `(module path, file)` of every `.rs` file under `src`, where the crate
+/// root (`lib.rs`/`main.rs`) is the empty path.
+fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                // `src/bin` holds separate crates.
+                if path.file_name().is_some_and(|n| n != "bin") {
+                    stack.push(path);
+                }
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(src).unwrap();
+            let mut parts: Vec<String> = rel
+                .iter()
+                .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+                .collect();
+            if parts.last().is_some_and(|l| l == "mod") {
+                parts.pop();
+            }
+            if parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main") {
+                parts.clear();
+            }
+            out.insert(parts, path);
+        }
+    }
+    out
+}
+
+/// The code of a file that counts: no comments, no inline test module.
+fn code_of(text: &str) -> String {
+    let body = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    body.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .filter(|l| !l.trim_start().starts_with("mod ") && !l.trim_start().starts_with("pub mod "))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every path that starts with `crate::`, `super::` or `self::`, including
+/// the ones inside `use a::{b::c, d}` groups, as segment lists.
+fn paths_in(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < bytes.len() {
+        let rest: String = bytes[i..bytes.len().min(i + 7)].iter().collect();
+        let starts = ["crate::", "super::", "self::"]
+            .into_iter()
+            .find(|p| rest.starts_with(p));
+        let boundary = i == 0 || !(bytes[i - 1].is_alphanumeric() || bytes[i - 1] == '_');
+        if let (Some(_), true) = (starts, boundary) {
+            let mut j = i;
+            let mut segment = String::new();
+            let mut segments = Vec::new();
+            while j < bytes.len() {
+                let c = bytes[j];
+                if c.is_alphanumeric() || c == '_' {
+                    segment.push(c);
+                    j += 1;
+                } else if c == ':' && bytes.get(j + 1) == Some(&':') {
+                    segments.push(std::mem::take(&mut segment));
+                    j += 2;
+                } else {
+                    break;
+                }
+            }
+            if !segment.is_empty() {
+                segments.push(segment);
+            }
+            // `use crate::a::{b, c::d}`: each member extends the prefix.
+            if bytes.get(j) == Some(&'{') {
+                let close = bytes[j..]
+                    .iter()
+                    .position(|c| *c == '}')
+                    .map_or(bytes.len(), |p| j + p);
+                let inner: String = bytes[j + 1..close].iter().collect();
+                for member in inner.split(',') {
+                    let mut full = segments.clone();
+                    full.extend(
+                        member
+                            .trim()
+                            .split("::")
+                            .map(|s| s.trim().to_string())
+                            .filter(|s| !s.is_empty() && s != "self" && s != "*"),
+                    );
+                    out.push(full);
+                }
+            }
+            out.push(segments);
+            i = j.max(i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The file a path from module `from` lands in: its longest module prefix.
+fn target(
+    from: &[String],
+    path: &[String],
+    mods: &BTreeMap<Vec<String>, PathBuf>,
+) -> Option<Vec<String>> {
+    let mut base: Vec<String> = match path.first().map(String::as_str) {
+        Some("crate") => Vec::new(),
+        Some("self") => from.to_vec(),
+        Some("super") => from[..from.len().saturating_sub(1)].to_vec(),
+        _ => return None,
+    };
+    let mut best = None;
+    for seg in &path[1..] {
+        if seg == "super" {
+            base.pop();
+            continue;
+        }
+        base.push(seg.clone());
+        if mods.contains_key(&base) {
+            best = Some(base.clone());
+        }
+    }
+    best
+}
+
+fn graph(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let mods = modules(src);
+    let mut edges = BTreeMap::new();
+    for (module, file) in &mods {
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        let targets: BTreeSet<Vec<String>> = paths_in(&code)
+            .iter()
+            .filter_map(|p| target(module, p, &mods))
+            .filter(|t| t != module && !t.is_empty())
+            .collect();
+        edges.insert(module.clone(), targets);
+    }
+    edges
+}
+
+/// A cycle, as module names, if the graph has one.
+fn find_cycle(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &Vec<String>,
+        edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        state: &mut BTreeMap<Vec<String>, u8>,
+        stack: &mut Vec<Vec<String>>,
+    ) -> Option<Vec<String>> {
+        state.insert(node.clone(), 1);
+        stack.push(node.clone());
+        for next in edges.get(node).into_iter().flatten() {
+            match state.get(next).copied().unwrap_or(0) {
+                1 => {
+                    let start = stack.iter().position(|n| n == next).unwrap_or(0);
+                    let mut cycle: Vec<String> =
+                        stack[start..].iter().map(|m| m.join("::")).collect();
+                    cycle.push(next.join("::"));
+                    return Some(cycle);
+                }
+                0 => {
+                    if let Some(c) = visit(next, edges, state, stack) {
+                        return Some(c);
+                    }
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(node.clone(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for node in edges.keys() {
+        if state.get(node).copied().unwrap_or(0) == 0
+            && let Some(c) = visit(node, edges, &mut state, &mut Vec::new())
+        {
+            return Some(c);
+        }
+    }
+    None
+}
+
+const TREES: [&str; 2] = ["crates/e2e/src", "xtask/src"];
+
+#[test]
+fn no_files_import_each_other() {
+    for tree in TREES {
+        let edges = graph(&repo_root().join(tree));
+        assert!(edges.len() > 5, "{tree}: found only {} files", edges.len());
+        if let Some(cycle) = find_cycle(&edges) {
+            panic!("{tree}: import cycle {}", cycle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn files_stay_readable_in_one_sitting() {
+    let mut long = Vec::new();
+    for tree in TREES {
+        for file in modules(&repo_root().join(tree)).values() {
+            let text = std::fs::read_to_string(file).unwrap();
+            let lines = text.lines().count();
+            let explained = text.lines().take(20).any(|l| l.contains(REASON_MARKER));
+            if lines > MAX_LINES && !explained {
+                long.push(format!("{} ({lines} lines)", file.display()));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "over {MAX_LINES} lines without \"{REASON_MARKER} ...\" at the top: {long:#?}"
+    );
+}
+
+#[test]
+fn the_checker_sees_cycles_and_group_imports() {
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    let m = |s: &str| vec![s.to_string()];
+    edges.insert(m("a"), [m("b")].into());
+    edges.insert(m("b"), [m("c")].into());
+    edges.insert(m("c"), BTreeSet::new());
+    assert_eq!(find_cycle(&edges), None);
+    edges.insert(m("c"), [m("a")].into());
+    assert_eq!(
+        find_cycle(&edges).unwrap(),
+        ["a", "b", "c", "a"].map(String::from)
+    );
+
+    let mut mods = BTreeMap::new();
+    for p in [
+        vec![],
+        m("cluster"),
+        vec!["chart".into(), "host".into()],
+        m("chart"),
+    ] {
+        mods.insert(p, PathBuf::new());
+    }
+    let code = code_of(
+        "use crate::{cluster::X, chart::host::Y};\n// crate::nothing::here\nfn f() { super::host::Z; }\n#[cfg(test)]\nmod tests { use crate::cluster::W; }",
+    );
+    let found: BTreeSet<Vec<String>> = paths_in(&code)
+        .iter()
+        .filter_map(|p| target(&["chart".into(), "values".into()], p, &mods))
+        .collect();
+    assert_eq!(
+        found,
+        [m("cluster"), vec!["chart".to_string(), "host".to_string()]].into()
+    );
+}
