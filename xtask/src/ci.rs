@@ -65,6 +65,19 @@ fn steps() -> Vec<Step> {
         step(
             "test",
             &["test", "--workspace", "--exclude", "e2e", "--locked"],
+        ), // The e2e crate's own unit tests and the structure checks (import
+        // cycles, file length) of crates/e2e and xtask: no cluster needed.
+        step(
+            "e2e-unit",
+            &[
+                "test",
+                "-p",
+                "e2e",
+                "--locked",
+                "--lib",
+                "--test",
+                "structure",
+            ],
         ),
     ];
     // Kubernetes (every CI release), etcd and containerd from their Go

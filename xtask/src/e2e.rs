@@ -200,7 +200,7 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     };
     let mut test = Command::new("cargo");
     test.current_dir(root)
-        .args(["test", "--locked", "-p", "e2e", "--lib"])
+        .args(["test", "--locked", "-p", "e2e"])
         .env("AWS_DRA_BIN_DIR", &bin_dir)
         .env("AWS_DRA_K8S_VERSION", version.to_string());
     if testbeds.iter().any(|t| t.1 == "scenarios") && !args.keep {
