@@ -112,18 +112,23 @@ async fn with_rule(
     );
     kit::delete_pods(tb, ns, &["tolerating"], GONE).await?;
 
-    // 3. Rule gone: the waiting pod gets the device without a toleration.
+    // 3. Rule gone: a claim without a toleration gets the device again. A
+    // fresh pod, so that the check does not hang on when the scheduler
+    // retries the waiting one.
+    kit::delete_pods(tb, ns, &["untolerated"], GONE).await?;
     manifests::delete(&tb.client(), rule, None)
         .await
         .context("deleting the DeviceTaintRule")?;
-    kit::running(tb, ns, "untolerated", RUNNING)
+    let after = kit::pod_with_claim(tb, "after-rule", Some("untolerated"), None, Some("p5"));
+    kit::apply_all(tb, ns, &[after]).await?;
+    kit::running(tb, ns, "after-rule", RUNNING)
         .await
-        .context("the pod waiting for the tainted EFA after the rule was deleted")?;
-    let devs = kit::pod_devices(tb, ns, "untolerated").await?;
+        .context("a pod for the formerly tainted EFA after the rule was deleted")?;
+    let devs = kit::pod_devices(tb, ns, "after-rule").await?;
     ensure!(
         devs.len() == 1 && devs[0].device == device,
         "after the rule was deleted the claim got {devs:?}, not {device}"
     );
-    kit::delete_pods(tb, ns, &["untolerated"], GONE).await?;
+    kit::delete_pods(tb, ns, &["after-rule"], GONE).await?;
     Ok(())
 }
