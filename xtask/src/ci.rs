@@ -90,7 +90,7 @@ fn steps() -> Vec<Step> {
     }
     steps.push(step("k8s-build", &k8s));
     // The container image's compile step (same command as the Dockerfile).
-    steps.push(step("image-build", crate::image::BUILD_ARGS));
+    steps.push(step("image-build", crate::image_build::BUILD_ARGS));
     // The end-to-end suite on a local cluster of real components, with the
     // drivers just built for the image (so it tests what ships), once per
     // release: builds helm and the GPU test driver, runs `cargo test -p e2e`
@@ -133,7 +133,7 @@ pub fn run(args: CiArgs) -> Result<()> {
     let started = Instant::now();
     let mut results: Vec<(String, bool, Duration)> = Vec::new();
     let scratch = tmpfs_scratch();
-    let work = crate::charts::repo_root().join(".e2e");
+    let work = crate::paths::repo_root().join(".e2e");
     // The summary reads the e2e figures: none may be left from an earlier run.
     if let Ok(entries) = std::fs::read_dir(&work) {
         for e in entries.flatten() {

@@ -64,7 +64,7 @@ const EXAMPLES: &[(&str, Option<&str>)] = &[
 ];
 
 pub fn run(args: DemoArgs) -> Result<()> {
-    let root = crate::charts::repo_root();
+    let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
     let bin_dir = crate::e2e::build_prerequisites(&root, false, &version)?;
     let kubectl = e2e::Binaries::locate(&version)?.kubectl;

@@ -89,7 +89,7 @@ pub struct E2eArgs {
 }
 
 pub fn run(args: E2eArgs) -> Result<()> {
-    let root = crate::charts::repo_root();
+    let root = crate::paths::repo_root();
     let work = root.join(&args.work_dir);
     match args.cluster {
         ClusterKind::Kind => run_kind(&root, &work, &args),
@@ -144,7 +144,7 @@ pub fn build_prerequisites(
     let bin_dir = if release {
         // Exactly the image's build command, so no feature set differs from
         // what ships (and CI's image-build step has already done the work).
-        cargo(root, crate::image::BUILD_ARGS)?;
+        cargo(root, crate::image_build::BUILD_ARGS)?;
         let release_dir = debug_dir.with_file_name("release");
         let dir = debug_dir.with_file_name("e2e-release-bin");
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -11,7 +11,28 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 
-use crate::manifests;
+use crate::manifest_checks;
+
+/// All objects of `kind`.
+fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objs.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+/// The one object of `kind` (and `name`, when given).
+fn one<'a>(objs: &'a [Value], kind: &str, name: Option<&str>) -> Result<&'a Value> {
+    let found: Vec<&Value> = of_kind(objs, kind)
+        .into_iter()
+        .filter(|o| name.is_none_or(|n| o["metadata"]["name"] == n))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one),
+        _ => anyhow::bail!(
+            "expected exactly one {kind}{}, found {}",
+            name.map(|n| format!(" named {n}")).unwrap_or_default(),
+            found.len()
+        ),
+    }
+}
 
 const CLASSES: [&str; 3] = ["efa.networking.k8s.aws", "neuron.aws.com", "gpu.nvidia.com"];
 
@@ -174,8 +195,7 @@ fn check_pod(pod: &Value, objs: &[Value]) -> Result<()> {
                 "resourceClaims[] needs exactly one of resourceClaimName/resourceClaimTemplateName"
             ),
         };
-        manifests::one(objs, kind, Some(name))
-            .with_context(|| format!("pod refers to {kind} {name}"))?;
+        one(objs, kind, Some(name)).with_context(|| format!("pod refers to {kind} {name}"))?;
     }
     for c in spec["containers"]
         .as_array()
@@ -201,12 +221,13 @@ fn every_example_is_valid_v1() {
     assert!(files.len() >= 12, "examples went missing: {files:?}");
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
-        let objs = manifests::parse(&text).unwrap_or_else(|e| panic!("{}: {e:#}", f.display()));
+        let objs =
+            manifest_checks::parse(&text).unwrap_or_else(|e| panic!("{}: {e:#}", f.display()));
         assert!(!objs.is_empty(), "{} is empty", f.display());
         let mut claims = 0;
         for obj in &objs {
-            let what = format!("{}: {}", f.display(), manifests::id(obj));
-            manifests::check_typed(obj).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+            let what = format!("{}: {}", f.display(), manifest_checks::id(obj));
+            manifest_checks::check_typed(obj).unwrap_or_else(|e| panic!("{what}: {e:#}"));
             if let Some(spec) = claim_spec(obj) {
                 assert_eq!(obj["apiVersion"], "resource.k8s.io/v1", "{what}");
                 check_claim(spec).unwrap_or_else(|e| panic!("{what}: {e:#}"));

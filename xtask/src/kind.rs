@@ -9,14 +9,15 @@
 //! suite's own images (the probe the example pods run, and one with
 //! `gpu-test-driver`), then runs the shared scenarios there
 //! (`cargo test -p e2e --test scenarios_kind`): the scenarios' testbed
-//! installs both charts with [`helm_values`] (one release per chart) and
-//! drives the DaemonSets as on the local cluster (`tests/scenarios_chart.rs`).
+//! installs both charts with [`crate::chart_specs::kind_helm_values`] (one
+//! release per chart) and drives the DaemonSets as on the local cluster
+//! (`tests/scenarios_chart.rs`).
 //! Without a Docker engine it stops at once and names `--cluster local`.
 //!
 //! Limits: this machine has no Docker engine, so the bring-up here and the
 //! kind run of the scenarios have not run; what can be checked is: the
 //! generated config and values (unit tests; `cargo xtask charts check`
-//! renders both charts with [`helm_values`]), the `docker exec` plumbing of
+//! renders both charts with those values), the `docker exec` plumbing of
 //! the kind host (its unit tests), and the scenarios and chart-installed
 //! testbed themselves on the local cluster.
 
@@ -25,12 +26,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use e2e::DriverKind;
 use e2e::chart_testbed::host::ROLE_LABEL;
-use e2e::chart_testbed::values::{release_name, release_values};
 use serde_json::{Value, json};
-
-use crate::charts::ChartSpec;
 
 pub use e2e::kind_host::{CLUSTER_NAME, FIXTURE_MOUNT, IMAGE_REPOSITORY, IMAGE_TAG};
 
@@ -92,31 +89,6 @@ pub fn cluster_config(nodes: &[FixtureNode]) -> Result<String> {
         "nodes": node_list,
     });
     to_yaml(&config)
-}
-
-/// The driver a chart deploys.
-pub fn driver_kind(spec: &ChartSpec) -> Result<DriverKind> {
-    DriverKind::ALL
-        .into_iter()
-        .find(|k| k.driver_name() == spec.driver)
-        .with_context(|| format!("no driver named {}", spec.driver))
-}
-
-/// Helm values for one driver chart on the kind cluster: exactly what the
-/// scenarios' testbed installs there (`e2e::chart_testbed::release_values`
-/// with the kind host's deployment and paths).
-pub fn helm_values(spec: &ChartSpec) -> Result<String> {
-    let kind = driver_kind(spec)?;
-    let values = release_values(
-        &e2e::kind_host::deployment(),
-        kind,
-        &release_name(kind, None),
-        None,
-        &e2e::kind_host::host_paths(),
-        true,
-        8080,
-    );
-    to_yaml(&values)
 }
 
 fn to_yaml(v: &Value) -> Result<String> {
@@ -265,6 +237,8 @@ pub fn delete() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use e2e::DriverKind;
+
     use super::*;
 
     fn nodes() -> Vec<FixtureNode> {
@@ -330,52 +304,6 @@ mod tests {
                     "{chart} does not select {}",
                     n.instance_type
                 );
-            }
-        }
-    }
-
-    #[test]
-    fn helm_values_point_the_drivers_at_the_fixture_mount() {
-        for spec in crate::charts::CHARTS {
-            let v: Value = serde_saphyr::from_str(&helm_values(spec).unwrap()).unwrap();
-            assert_eq!(v["hostPaths"]["sysfsRoot"], "/opt/aws-dra/fixture/sys");
-            assert_eq!(v["hostPaths"]["devRoot"], "/opt/aws-dra/fixture/dev");
-            assert_eq!(v["hostPaths"]["kubeletRoot"], "/var/lib/kubelet");
-            assert_eq!(v["image"]["pullPolicy"], "Never");
-            assert_eq!(v["image"]["repository"], IMAGE_REPOSITORY);
-            assert_eq!(v["hostNetwork"], false);
-            let kind = driver_kind(spec).unwrap();
-            assert_eq!(
-                v["nodeSelector"][format!("e2e.aws-dra.dev/{}", kind.binary())],
-                "run"
-            );
-            assert_eq!(v["serviceAccount"]["name"], kind.service_account().1);
-            // Every key must exist in the chart's values.yaml (the schema
-            // refuses unknown keys; `charts check` renders with these too).
-            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-            let defaults: Value = serde_saphyr::from_str(
-                &std::fs::read_to_string(root.join("charts").join(spec.name).join("values.yaml"))
-                    .unwrap(),
-            )
-            .unwrap();
-            for (k, sub) in v.as_object().unwrap() {
-                assert!(
-                    defaults.get(k).is_some(),
-                    "{k} is not a value of {}",
-                    spec.name
-                );
-                if let (Some(sub), Some(d)) = (sub.as_object(), defaults[k].as_object())
-                    && k != "nodeSelector"
-                    && k != "podLabels"
-                {
-                    for k2 in sub.keys() {
-                        assert!(
-                            d.contains_key(k2),
-                            "{k}.{k2} is not a value of {}",
-                            spec.name
-                        );
-                    }
-                }
             }
         }
     }

@@ -1,7 +1,15 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so that it runs
 //! wherever cargo does.
 
-mod charts;
+mod chart_access;
+mod chart_checks;
+mod chart_daemonset;
+mod chart_expect;
+mod chart_objects;
+mod chart_render;
+mod chart_rendering;
+mod chart_specs;
+mod charts_command;
 mod ci;
 mod demo;
 mod e2e;
@@ -9,10 +17,11 @@ mod e2e;
 mod examples;
 mod fixtures;
 mod helm;
-mod image;
+mod image_build;
 mod k8s;
 mod kind;
-mod manifests;
+mod manifest_checks;
+mod paths;
 mod topology;
 
 use clap::{Parser, Subcommand};
@@ -32,7 +41,7 @@ enum Task {
     /// Everything a change must pass: fmt, clippy, tests (and the end-to-end suite).
     Ci(ci::CiArgs),
     /// Helm charts: `check` (lint + render + assertions with real helm), `render`.
-    Charts(charts::ChartsArgs),
+    Charts(charts_command::ChartsArgs),
     /// End-to-end suite: `--cluster kind` (Docker) or `--cluster local`.
     E2e(e2e::E2eArgs),
     /// Start the drivers on a local cluster, apply the examples, print the allocations.
@@ -48,7 +57,7 @@ enum Task {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Ci(args) => ci::run(args),
-        Task::Charts(args) => charts::run(args),
+        Task::Charts(args) => charts_command::run(args),
         Task::E2e(args) => e2e::run(args),
         Task::Demo(args) => demo::run(args),
         Task::Fixtures(args) => fixtures::run(args),

@@ -115,27 +115,6 @@ fn lost_fields(orig: &Value, back: &Value, path: String, out: &mut Vec<String>) 
     }
 }
 
-/// All objects of `kind`.
-pub fn of_kind<'a>(objs: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    objs.iter().filter(|o| o["kind"] == kind).collect()
-}
-
-/// The one object of `kind` (and `name`, when given).
-pub fn one<'a>(objs: &'a [Value], kind: &str, name: Option<&str>) -> Result<&'a Value> {
-    let found: Vec<&Value> = of_kind(objs, kind)
-        .into_iter()
-        .filter(|o| name.is_none_or(|n| o["metadata"]["name"] == n))
-        .collect();
-    match found.as_slice() {
-        [one] => Ok(one),
-        _ => bail!(
-            "expected exactly one {kind}{}, found {}",
-            name.map(|n| format!(" named {n}")).unwrap_or_default(),
-            found.len()
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

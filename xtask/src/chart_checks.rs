@@ -1,0 +1,102 @@
+//! `cargo xtask charts check`: the Helm charts, checked with real Helm.
+//!
+//! Builds (or reuses) Helm, vendors the shared library chart into each driver
+//! chart, runs `helm lint --strict` and `helm template` with the default
+//! values, the chart's `ci/*-values.yaml` and the kind e2e values, and
+//! asserts concrete properties of the rendered objects, read as typed
+//! k8s-openapi objects ([`crate::chart_objects`]: security context, host
+//! mounts at identical paths, flags and env, RBAC verbs, the admission policy
+//! expression, DeviceClass CEL). It also checks that values the schema must
+//! refuse are refused. Limits: it does not talk to an API server; applying
+//! the rendered objects server-side is the e2e's job (`cargo xtask charts
+//! render` gives them).
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+
+use crate::chart_expect::{Expect, NAMESPACE, RELEASE};
+use crate::chart_objects::check_rendered;
+use crate::chart_render::{build_dependencies, path_str, render};
+use crate::chart_specs::{CHARTS, kind_helm_values};
+use crate::helm::Helm;
+use crate::manifest_checks;
+
+pub fn check(helm: &Helm, root: &Path) -> Result<()> {
+    let started = Instant::now();
+    let mut rendered = 0;
+    let schemas: Vec<String> = CHARTS
+        .iter()
+        .map(|c| {
+            std::fs::read_to_string(root.join("charts").join(c.name).join("values.schema.json"))
+        })
+        .collect::<std::io::Result<_>>()?;
+    ensure!(
+        schemas[0] == schemas[1],
+        "charts/*/values.schema.json differ: the two charts share one values layout, keep the files identical"
+    );
+    let tmp = tempfile::tempdir()?;
+    for spec in CHARTS {
+        let dir = root.join("charts").join(spec.name);
+        build_dependencies(helm, root, spec)?;
+        let ci_values = dir.join("ci").join("nondefault-values.yaml");
+        let kind_values = tmp.path().join(format!("{}-kind.yaml", spec.name));
+        std::fs::write(&kind_values, kind_helm_values(spec)?)?;
+        for values in [None, Some(&ci_values), Some(&kind_values)] {
+            let mut args = vec!["lint", "--strict", path_str(&dir)?];
+            if let Some(v) = values {
+                args.extend(["-f", path_str(v)?]);
+            }
+            helm.output(&args)
+                .with_context(|| format!("helm lint of {}", spec.name))?;
+        }
+        let variants: [(&str, Vec<PathBuf>, Expect); 3] = [
+            ("defaults", vec![], Expect::defaults(spec)),
+            (
+                "ci/nondefault-values.yaml",
+                vec![ci_values],
+                Expect::nondefault(spec),
+            ),
+            ("kind e2e values", vec![kind_values], Expect::kind(spec)?),
+        ];
+        for (label, values, expect) in variants {
+            let yaml = render(helm, root, spec, RELEASE, NAMESPACE, &values)?;
+            let objs = manifest_checks::parse(&yaml)
+                .with_context(|| format!("{} ({label}) rendered invalid YAML", spec.name))?;
+            check_rendered(spec, &expect, &objs)
+                .with_context(|| format!("{} rendered with {label}", spec.name))?;
+            eprintln!(
+                "==> charts: {} with {label}: {} objects ok",
+                spec.name,
+                objs.len()
+            );
+            rendered += 1;
+        }
+        for (bad, why) in [
+            ("bogusKey=1", "an unknown top-level key"),
+            ("hostPaths.cdiRoot=relative/dir", "a relative host path"),
+            ("logFormat=xml", "an unknown log format"),
+            (
+                "deviceClasses.extra[0].name=Bad_Name",
+                "a DeviceClass name that is not a DNS subdomain",
+            ),
+        ] {
+            let out = helm
+                .command()
+                .args(["lint", "--strict", path_str(&dir)?, "--set", bad])
+                .output()?;
+            ensure!(
+                !out.status.success(),
+                "{}: helm lint accepted {why} ({bad}): values.schema.json is too loose",
+                spec.name
+            );
+        }
+    }
+    eprintln!(
+        "==> charts: helm {} lint + {rendered} renders checked in {:.0}s",
+        helm.version,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! What a rendering of a driver chart must contain, given the values it was
+//! rendered with: one [`Expect`] per values file the checks use (defaults,
+//! `ci/nondefault-values.yaml`, the kind e2e values). Kept apart from the
+//! assertions so that the expectations read as a table of the values files.
+
+use anyhow::Result;
+use e2e::kind_host::FIXTURE_MOUNT;
+
+use crate::chart_specs::{ChartSpec, EFA};
+
+/// The release name and namespace the checks render with (and the defaults
+/// of `cargo xtask charts render`).
+pub const RELEASE: &str = "dra";
+pub const NAMESPACE: &str = "aws-dra";
+
+/// What a rendering must contain, given the values it was rendered with.
+#[derive(Debug, Clone)]
+pub struct Expect {
+    pub fullname: String,
+    pub service_account: String,
+    pub registrar_dir: String,
+    pub plugins_dir: String,
+    pub cdi_root: String,
+    pub sysfs_root: String,
+    pub dev_root: String,
+    pub privileged: bool,
+    pub metrics_port: u16,
+    pub rbac: bool,
+    pub vap: bool,
+    pub service: bool,
+    pub service_monitor: bool,
+    pub priority_class: Option<String>,
+    pub instance_type_affinity: bool,
+    pub host_network: bool,
+    /// `(name, value)` of `extraEnv` entries.
+    pub extra_env: Vec<(String, String)>,
+    pub device_classes: Vec<String>,
+    /// Args that must be present besides the ones every rendering has.
+    pub extra_args: Vec<String>,
+    /// (DeviceClass, substring of one of its CEL selectors).
+    pub cel: Vec<(String, String)>,
+    /// (DeviceClass, opaque parameter kind).
+    pub class_config: Vec<(String, String)>,
+}
+
+impl Expect {
+    pub fn defaults(spec: &ChartSpec) -> Expect {
+        Expect {
+            fullname: format!("{RELEASE}-{}", spec.name),
+            service_account: format!("{RELEASE}-{}", spec.name),
+            registrar_dir: "/var/lib/kubelet/plugins_registry".into(),
+            plugins_dir: "/var/lib/kubelet/plugins".into(),
+            cdi_root: "/var/run/cdi".into(),
+            sysfs_root: "/sys".into(),
+            dev_root: "/dev".into(),
+            privileged: false,
+            metrics_port: 8080,
+            rbac: true,
+            vap: true,
+            service: true,
+            service_monitor: false,
+            priority_class: Some("system-node-critical".into()),
+            instance_type_affinity: true,
+            host_network: false,
+            extra_env: vec![],
+            device_classes: vec![spec.driver.into()],
+            extra_args: vec!["--log-format=json".into()],
+            cel: vec![],
+            class_config: vec![],
+        }
+    }
+
+    /// Mirrors `charts/<chart>/ci/nondefault-values.yaml`.
+    pub fn nondefault(spec: &ChartSpec) -> Expect {
+        let d = Expect::defaults(spec);
+        if spec.name == EFA.name {
+            Expect {
+                service_account: "efa-driver".into(),
+                registrar_dir: "/data/kubelet/plugins_registry".into(),
+                plugins_dir: "/data/kubelet/plugins".into(),
+                cdi_root: "/etc/cdi".into(),
+                sysfs_root: "/opt/aws-dra/fixtures/p5/sys".into(),
+                dev_root: "/opt/aws-dra/fixtures/p5/dev".into(),
+                metrics_port: 9400,
+                service_monitor: true,
+                instance_type_affinity: false,
+                device_classes: vec![
+                    "efa.example.com".into(),
+                    "efa-numa0.networking.k8s.aws".into(),
+                    "efa-rdma.networking.k8s.aws".into(),
+                ],
+                extra_args: vec![
+                    "--log-format=text".into(),
+                    "--allow-device-plugin-coexistence".into(),
+                ],
+                cel: vec![
+                    (
+                        "efa-numa0.networking.k8s.aws".into(),
+                        r#"has(device.attributes["resource.kubernetes.io"].numaNode) && device.attributes["resource.kubernetes.io"].numaNode == 0"#.into(),
+                    ),
+                    (
+                        "efa-numa0.networking.k8s.aws".into(),
+                        r#"device.attributes["efa.networking.k8s.aws"].instanceType == "p5.48xlarge""#.into(),
+                    ),
+                    (
+                        "efa-rdma.networking.k8s.aws".into(),
+                        r#".rdmaDevice.startsWith("rdmap")"#.into(),
+                    ),
+                ],
+                class_config: vec![("efa-rdma.networking.k8s.aws".into(), "EfaConfig".into())],
+                ..d
+            }
+        } else {
+            Expect {
+                fullname: "neuron".into(),
+                service_account: "existing-neuron-sa".into(),
+                registrar_dir: "/var/lib/kubelet/plugins_registry_custom".into(),
+                plugins_dir: "/var/lib/kubelet/dra-plugins".into(),
+                sysfs_root: "/opt/aws-dra/fixtures/trn2/sys".into(),
+                dev_root: "/opt/aws-dra/fixtures/trn2/dev".into(),
+                privileged: true,
+                host_network: true,
+                extra_env: vec![("KUBERNETES_SERVICE_HOST".into(), "10.1.2.3".into())],
+                rbac: false,
+                vap: false,
+                service: false,
+                priority_class: None,
+                device_classes: vec!["trn2.neuron.aws.com".into(), "lnc1.neuron.aws.com".into()],
+                extra_args: vec!["--log-format=text".into()],
+                cel: vec![
+                    (
+                        "trn2.neuron.aws.com".into(),
+                        r#"device.attributes["neuron.aws.com"].instanceType == "trn2.48xlarge""#
+                            .into(),
+                    ),
+                    (
+                        "lnc1.neuron.aws.com".into(),
+                        r#"device.attributes["neuron.aws.com"].coreCount == 8"#.into(),
+                    ),
+                ],
+                class_config: vec![("lnc1.neuron.aws.com".into(), "NeuronConfig".into())],
+                ..d
+            }
+        }
+    }
+
+    /// Mirrors [`crate::chart_specs::kind_helm_values`].
+    pub fn kind(spec: &ChartSpec) -> Result<Expect> {
+        let kind = spec.driver_kind()?;
+        Ok(Expect {
+            fullname: e2e::chart_testbed::values::release_name(kind, None),
+            sysfs_root: format!("{FIXTURE_MOUNT}/sys"),
+            dev_root: format!("{FIXTURE_MOUNT}/dev"),
+            extra_args: vec!["--log-format=text".into()],
+            ..Expect::defaults(spec)
+        })
+    }
+}
