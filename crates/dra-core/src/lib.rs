@@ -11,6 +11,7 @@
 //! ([`cli`]). [`runtime::run`] starts all of it for one driver.
 
 mod atomic;
+pub mod attributes;
 pub mod authority;
 pub mod cdi;
 pub mod checkpoint;

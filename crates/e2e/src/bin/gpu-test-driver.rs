@@ -15,15 +15,16 @@
 //! real driver asks the kernel module); no health, no sharing, no MIG.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
+use dra_core::attributes::{PciPlacement, int, string};
 use dra_core::cli::{DriverCli, DriverCommand, init_logging, render_list};
 use dra_core::publish::desired_slices;
 use dra_core::runtime::{self, RuntimeOptions};
 use dra_core::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverConfig,
-    DriverError, PreparedDevice,
+    DriverError,
 };
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -56,17 +57,9 @@ impl Gpu {
 
     fn device(&self) -> Device {
         let mut attrs: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
-        let string = |s: String| DeviceAttribute {
-            string: Some(s),
-            ..Default::default()
-        };
-        let int = |i: i64| DeviceAttribute {
-            int: Some(i),
-            ..Default::default()
-        };
-        attrs.insert("type".into(), string("gpu".into()));
-        attrs.insert("index".into(), int(i64::from(self.index)));
-        attrs.insert("minor".into(), int(i64::from(self.index)));
+        attrs.insert("type".into(), string("gpu"));
+        attrs.insert("index".into(), int(self.index));
+        attrs.insert("minor".into(), int(self.index));
         attrs.insert(
             "uuid".into(),
             string(format!(
@@ -75,20 +68,12 @@ impl Gpu {
             )),
         );
         attrs.insert("productName".into(), string(product_name(self.pci.device)));
-        attrs.insert(
-            "resource.kubernetes.io/pcieRoot".into(),
-            string(self.pci.pcie_root.to_string()),
-        );
-        attrs.insert(
-            "resource.kubernetes.io/pciBusID".into(),
-            string(self.pci.address.to_string()),
-        );
-        if let Some(numa) = self.pci.numa_node {
-            attrs.insert(
-                "resource.kubernetes.io/numaNode".into(),
-                int(i64::from(numa)),
-            );
-        }
+        PciPlacement::new(
+            self.pci.address,
+            Some(&self.pci.pcie_root),
+            self.pci.numa_node,
+        )
+        .insert_into(&mut attrs);
         Device {
             name: self.name(),
             attributes: Some(attrs),
@@ -138,17 +123,6 @@ struct GpuTestDriver {
     gpus: BTreeMap<String, Gpu>,
 }
 
-impl GpuTestDriver {
-    fn node(&self, name: &str) -> DeviceNode {
-        let path = format!("/dev/{name}");
-        let host = self.dev_root.join(name);
-        DeviceNode {
-            host_path: (host != Path::new(&path)).then(|| host.display().to_string()),
-            path,
-        }
-    }
-}
-
 impl Driver for GpuTestDriver {
     type Config = GpuConfig;
 
@@ -169,8 +143,8 @@ impl Driver for GpuTestDriver {
                 device: d.device.clone(),
                 edits: ContainerEdits {
                     device_nodes: vec![
-                        self.node(&format!("nvidia{}", gpu.index)),
-                        self.node("nvidiactl"),
+                        DeviceNode::under_dev_root(&self.dev_root, format!("nvidia{}", gpu.index)),
+                        DeviceNode::under_dev_root(&self.dev_root, "nvidiactl"),
                     ],
                     env: BTreeMap::new(),
                 },
@@ -185,14 +159,6 @@ impl Driver for GpuTestDriver {
                 .insert("NVIDIA_VISIBLE_DEVICES".into(), visible.clone());
         }
         Ok(out)
-    }
-
-    async fn unprepare(
-        &self,
-        _claim: &ClaimRef,
-        _devices: &[PreparedDevice],
-    ) -> Result<(), DriverError> {
-        Ok(())
     }
 }
 
