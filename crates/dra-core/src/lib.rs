@@ -27,6 +27,7 @@ pub mod ops;
 pub mod plugin;
 pub mod proto;
 pub mod publish;
+mod resolve;
 pub mod runtime;
 pub mod self_check;
 mod state;

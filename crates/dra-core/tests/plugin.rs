@@ -526,6 +526,37 @@ async fn double_allocation_is_refused_unless_admin_access() {
     stop(h).await;
 }
 
+/// An `adminAccess` claim shares the device by design: prepared first, it
+/// must not block the regular claim that comes after it (this was refused),
+/// and prepared second it is not blocked either. Each order in its own call,
+/// as kubelet sends them for two pods.
+#[tokio::test]
+async fn admin_access_and_a_regular_claim_share_a_device_in_either_order() {
+    let admin = "4a000000-0000-4000-8000-0000000000ad";
+    let regular = "4a000000-0000-4000-8000-0000000000e1";
+    for admin_first in [true, false] {
+        let h = start().await;
+        h.claims
+            .insert(claim(admin, "admin", &[("r", "dev-7", true)], vec![]));
+        h.claims
+            .insert(claim(regular, "regular", &[("r", "dev-7", false)], vec![]));
+        let order = if admin_first {
+            [(admin, "admin"), (regular, "regular")]
+        } else {
+            [(regular, "regular"), (admin, "admin")]
+        };
+        for (uid, name) in order {
+            let resp = prepare_v1(&h, vec![v1_claim(uid, name)]).await;
+            assert_eq!(
+                resp.claims[uid].error, "",
+                "{name} (admin first: {admin_first})"
+            );
+            assert_eq!(resp.claims[uid].devices.len(), 1, "{name}");
+        }
+        stop(h).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_prepares() {
     let h = Arc::new(start().await);
