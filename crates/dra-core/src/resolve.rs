@@ -48,19 +48,18 @@ pub(crate) enum ResolveError {
     Config {
         claim: String,
         #[source]
-        source: ConfigEntryError,
+        source: Box<ConfigEntryError>,
     },
+    /// `device` is `<pool>/<device>`, `holder` `<namespace>/<name>`.
     #[error(
-        "ResourceClaim {claim}: device {pool}/{device} is already prepared for claim \
-         {holder_namespace}/{holder_name} (uid {holder_uid}); refusing to give one device to two \
-         claims. Wait until that claim is unprepared (its pods are gone), then retry"
+        "ResourceClaim {claim}: device {device} is already prepared for claim {holder} (uid \
+         {holder_uid}); refusing to give one device to two claims. Wait until that claim is \
+         unprepared (its pods are gone), then retry"
     )]
     DeviceHeld {
         claim: String,
-        pool: String,
         device: String,
-        holder_namespace: String,
-        holder_name: String,
+        holder: String,
         holder_uid: String,
     },
 }
@@ -110,7 +109,7 @@ pub(crate) fn resolve_claim<C: DriverConfig>(
     )
     .map_err(|source| ResolveError::Config {
         claim: who.clone(),
-        source,
+        source: Box::new(source),
     })?;
 
     // Devices other claims hold exclusively (admin holds do not count).
@@ -134,10 +133,8 @@ pub(crate) fn resolve_claim<C: DriverConfig>(
         {
             return Err(ResolveError::DeviceHeld {
                 claim: who,
-                pool: result.pool.clone(),
-                device: result.device.clone(),
-                holder_namespace: holder.namespace.clone(),
-                holder_name: holder.name.clone(),
+                device: format!("{}/{}", result.pool, result.device),
+                holder: format!("{}/{}", holder.namespace, holder.name),
                 holder_uid: (*holder_uid).to_owned(),
             });
         }

@@ -27,7 +27,7 @@ use crate::resolve::resolve_claim;
 
 /// Why a whole call failed (kubelet then ignores the response and retries).
 #[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
+pub(crate) enum PipelineError {
     #[error(transparent)]
     Lock(#[from] LockError),
     #[error(transparent)]
@@ -35,7 +35,7 @@ pub enum PipelineError {
 }
 
 /// Per-claim answer of prepare: the devices, or an actionable message.
-pub type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
+pub(crate) type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
 
 pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) driver_name: String,

@@ -142,6 +142,7 @@ async fn start_at(dir: tempfile::TempDir, driver: TestDriver, health: bool) -> H
             state: HealthState::Healthy,
             last_updated: std::time::UNIX_EPOCH + Duration::from_secs(1000),
             message: "ok".into(),
+            health_check_timeout: Some(Duration::from_secs(45)),
         }]);
         std::mem::forget(_tx);
         plugin = plugin.with_health(rx);
@@ -760,6 +761,7 @@ async fn health_service_is_advertised_and_streams() {
         health_v1alpha1::HealthStatus::Healthy as i32
     );
     assert_eq!(first.devices[0].last_updated_time, 1000);
+    assert_eq!(first.devices[0].health_check_timeout_seconds, 45);
     drop(stream);
     stop(h).await;
 }

@@ -68,7 +68,7 @@ impl EfaDriver {
     }
 
     /// The edits for every allocated device, in the order given.
-    pub fn container_edits(
+    fn container_edits(
         &self,
         devices: &[AllocatedDevice<EfaConfig>],
     ) -> Result<Vec<DeviceEdits>, PrepareError> {

@@ -110,15 +110,11 @@ pub struct NeuronDriver {
 }
 
 impl NeuronDriver {
-    /// `inventory` is kept current by the rescan loop
-    /// ([`crate::hotplug::watch_devices`]).
+    /// `inventory` is kept current by the scans
+    /// ([`crate::inventory::NeuronInventory`]).
     /// Device nodes are taken from the inventory (`<dev-root>/neuronN`).
     pub fn new(inventory: SharedInventory) -> Self {
         NeuronDriver { inventory }
-    }
-
-    pub fn inventory(&self) -> &SharedInventory {
-        &self.inventory
     }
 }
 

@@ -98,10 +98,21 @@ fn product_name(device_id: u16) -> String {
     }
 }
 
+/// The PCI tree could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("scanning PCI devices under {root}: {source}")]
+struct ScanError {
+    root: String,
+    #[source]
+    source: topology::Error,
+}
+
 /// Every NVIDIA GPU of the tree, numbered in PCI address order.
-fn discover(sysfs: &SysfsRoot) -> anyhow::Result<Vec<Gpu>> {
-    let scan = topology::scan(sysfs)
-        .with_context(|| format!("scanning PCI devices under {}", sysfs.path().display()))?;
+fn discover(sysfs: &SysfsRoot) -> Result<Vec<Gpu>, ScanError> {
+    let scan = topology::scan(sysfs).map_err(|source| ScanError {
+        root: sysfs.path().display().to_string(),
+        source,
+    })?;
     for e in &scan.errors {
         tracing::warn!(entry = %e.entry, error = %e.error, "unreadable PCI function skipped");
     }
@@ -118,9 +129,56 @@ fn discover(sysfs: &SysfsRoot) -> anyhow::Result<Vec<Gpu>> {
         .collect())
 }
 
+/// The GPUs by device name, as the last scan found them.
+type SharedGpus = Arc<RwLock<BTreeMap<String, Gpu>>>;
+
+/// The node's GPUs as dra-core scans them.
+struct GpuInventory {
+    sysfs: SysfsRoot,
+    dev_root: PathBuf,
+    gpus: SharedGpus,
+}
+
+impl DeviceInventory for GpuInventory {
+    type Flags = NoExtraArgs;
+    type Error = ScanError;
+    type Driver = GpuTestDriver;
+    const UEVENT_SUBSYSTEMS: &'static [&'static str] = &["pci"];
+
+    fn open(
+        host: &HostPaths,
+        _: &NoExtraArgs,
+        _: &prometheus::Registry,
+    ) -> Result<Self, ScanError> {
+        Ok(GpuInventory {
+            sysfs: SysfsRoot::new(&host.sysfs_root),
+            dev_root: host.dev_root.clone(),
+            gpus: SharedGpus::default(),
+        })
+    }
+
+    fn scan(&mut self) -> Result<Vec<ScannedDevice>, ScanError> {
+        let gpus = discover(&self.sysfs)?;
+        let devices = gpus
+            .iter()
+            .map(|g| ScannedDevice::healthy(g.device()))
+            .collect();
+        *self.gpus.write().unwrap_or_else(|e| e.into_inner()) =
+            gpus.into_iter().map(|g| (g.name(), g)).collect();
+        Ok(devices)
+    }
+
+    fn driver(&self) -> GpuTestDriver {
+        GpuTestDriver {
+            dev_root: self.dev_root.clone(),
+            gpus: self.gpus.clone(),
+        }
+    }
+}
+
 struct GpuTestDriver {
     dev_root: PathBuf,
-    gpus: BTreeMap<String, Gpu>,
+    gpus: SharedGpus,
 }
 
 impl Driver for GpuTestDriver {
@@ -131,11 +189,11 @@ impl Driver for GpuTestDriver {
         _claim: &ClaimRef,
         devices: &[AllocatedDevice<GpuConfig>],
     ) -> Result<Vec<DeviceEdits>, DriverError> {
+        let gpus = self.gpus.read().unwrap_or_else(|e| e.into_inner());
         let mut indices = Vec::new();
         let mut out = Vec::new();
         for d in devices {
-            let gpu = self
-                .gpus
+            let gpu = gpus
                 .get(&d.device)
                 .ok_or_else(|| DriverError::new(format!("no GPU named {}", d.device)))?;
             indices.push(gpu.index.to_string());
@@ -162,51 +220,13 @@ impl Driver for GpuTestDriver {
     }
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli: DriverCli =
-        DriverCli::parse_for("gpu-test-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME);
-    match cli.command {
-        DriverCommand::Discover(d) => {
-            init_logging(d.common.log_format, d.common.log_filter())?;
-            let gpus = discover(&SysfsRoot::new(&d.common.sysfs_root))?;
-            let devices: Vec<Device> = gpus.iter().map(Gpu::device).collect();
-            let slices = desired_slices(&d.common.driver_name, &d.common.node_name, None, &devices);
-            print!("{}", render_list(&slices, d.discover.output)?);
-            Ok(())
-        }
-        DriverCommand::Run(r) => {
-            init_logging(r.common.log_format, r.common.log_filter())?;
-            let gpus = discover(&SysfsRoot::new(&r.common.sysfs_root))?;
-            tracing::info!(
-                gpus = gpus.len(),
-                "gpu-test-driver (a TEST stand-in for gpu.nvidia.com) starting"
-            );
-            let devices: Vec<Device> = gpus.iter().map(Gpu::device).collect();
-            // The device set of a fixture never changes: the sender only has
-            // to outlive the runtime.
-            let (tx, rx) = tokio::sync::watch::channel(devices);
-            let driver = GpuTestDriver {
-                dev_root: r.common.dev_root.clone(),
-                gpus: gpus.into_iter().map(|g| (g.name(), g)).collect(),
-            };
-            let options = RuntimeOptions {
-                common: r.common,
-                run: r.run,
-                device_plugin_resources: &["nvidia.com/gpu"],
-                metrics: prometheus::Registry::new(),
-            };
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            rt.block_on(async move {
-                let result = runtime::run(driver, rx, options).await;
-                drop(tx);
-                result
-            })?;
-            Ok(())
-        }
-    }
+fn main() -> std::process::ExitCode {
+    dra_core::runner::main::<GpuInventory>(&dra_core::runner::Program {
+        binary: "gpu-test-driver",
+        version: env!("CARGO_PKG_VERSION"),
+        driver_name: DRIVER_NAME,
+        device_plugin_resources: &["nvidia.com/gpu"],
+    })
 }
 
 #[cfg(test)]
@@ -242,11 +262,14 @@ mod tests {
     async fn prepare_gives_the_gpu_node_nvidiactl_and_the_claim_wide_env() {
         let dir = tempfile::tempdir().unwrap();
         let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
-        let gpus = discover(&SysfsRoot::new(&fixture.sys)).unwrap();
-        let driver = GpuTestDriver {
+        let host = HostPaths {
+            sysfs_root: fixture.sys.clone(),
             dev_root: fixture.dev.clone(),
-            gpus: gpus.into_iter().map(|g| (g.name(), g)).collect(),
         };
+        let mut inventory =
+            GpuInventory::open(&host, &NoExtraArgs {}, &prometheus::Registry::new()).unwrap();
+        assert_eq!(inventory.scan().unwrap().len(), 8);
+        let driver = inventory.driver();
         let claim = ClaimRef {
             namespace: "n".into(),
             name: "c".into(),
