@@ -12,19 +12,18 @@
 //! CDI, publishing) is `dra-core`, as in the real drivers.
 //!
 //! Limits: GPUs are numbered in PCI address order (what the fixtures do; the
-//! real driver asks the kernel module); no health, no sharing, no MIG.
+//! real driver asks the kernel module); every GPU reports healthy; no
+//! sharing, no MIG.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
-use anyhow::Context;
 use dra_core::attributes::{PciPlacement, int, string};
-use dra_core::cli::{DriverCli, DriverCommand, init_logging, render_list};
-use dra_core::publish::desired_slices;
-use dra_core::runtime::{self, RuntimeOptions};
+use dra_core::cli::NoExtraArgs;
 use dra_core::{
-    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverConfig,
-    DriverError,
+    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceInventory, DeviceNode, Driver,
+    DriverConfig, DriverError, HostPaths, ScannedDevice,
 };
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
