@@ -10,11 +10,16 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use prometheus::Registry;
 
+use crate::inventory::HostPaths;
 use crate::ops::DEFAULT_METRICS_ADDRESS;
+use crate::rescan::{DEFAULT_RESCAN_INTERVAL, RescanConfig, UEVENT_SETTLE};
+use crate::runtime::RuntimeOptions;
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -63,6 +68,14 @@ pub struct CommonArgs {
 }
 
 impl CommonArgs {
+    /// Where the hardware trees are.
+    pub fn host_paths(&self) -> HostPaths {
+        HostPaths {
+            sysfs_root: self.sysfs_root.clone(),
+            dev_root: self.dev_root.clone(),
+        }
+    }
+
     /// The effective log filter after `-v`.
     pub fn log_filter(&self) -> &str {
         match self.verbose {
@@ -105,6 +118,12 @@ pub struct RunArgs {
     /// Start even when the classic device plugin for the same hardware is active.
     #[arg(long, env = "ALLOW_DEVICE_PLUGIN_COEXISTENCE")]
     pub allow_device_plugin_coexistence: bool,
+    /// Seconds between fallback rescans of sysfs (hot-plug is normally seen
+    /// at once through kernel uevents; the rescan catches lost events and
+    /// reads health counters).
+    #[arg(long, env = "RESCAN_INTERVAL_SECONDS", default_value_t = DEFAULT_RESCAN_INTERVAL.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub rescan_interval: u64,
 }
 
 /// Flags of `discover` only.
@@ -115,11 +134,11 @@ pub struct DiscoverArgs {
     pub output: OutputFormat,
 }
 
-/// A driver without flags of its own for `run`.
+/// A driver without flags of its own.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
 pub struct NoExtraArgs {}
 
-/// `run` = common + run flags + the driver's own `run` flags (`X`).
+/// `run` = common + run flags + the driver's own flags (`X`).
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct RunCommand<X: Args = NoExtraArgs> {
     /// Shared flags.
@@ -128,20 +147,56 @@ pub struct RunCommand<X: Args = NoExtraArgs> {
     /// `run` flags.
     #[command(flatten)]
     pub run: RunArgs,
-    /// The driver's own `run` flags.
+    /// The driver's own flags.
     #[command(flatten)]
     pub extra: X,
 }
 
-/// `discover` = common + discover flags.
+impl<X: Args> RunCommand<X> {
+    /// The runtime's options: what these flags say, plus what the binary
+    /// knows (the classic device plugin's resource names) and the registry
+    /// its metrics went to.
+    pub fn runtime_options(
+        &self,
+        device_plugin_resources: &'static [&'static str],
+        metrics: Registry,
+    ) -> RuntimeOptions {
+        RuntimeOptions {
+            driver_name: self.common.driver_name.clone(),
+            node_name: self.common.node_name.clone(),
+            kubelet_registrar_dir: self.run.kubelet_registrar_dir.clone(),
+            kubelet_plugins_dir: self.run.kubelet_plugins_dir.clone(),
+            cdi_root: self.run.cdi_root.clone(),
+            pod_uid: self.run.pod_uid.clone().filter(|uid| !uid.is_empty()),
+            metrics_address: self.run.metrics_address,
+            kubeconfig: self.run.kubeconfig.clone(),
+            allow_device_plugin_coexistence: self.run.allow_device_plugin_coexistence,
+            device_plugin_resources,
+            metrics,
+        }
+    }
+
+    /// The rescan loop's timing.
+    pub fn rescan_config(&self) -> RescanConfig {
+        RescanConfig {
+            interval: Duration::from_secs(self.run.rescan_interval),
+            settle: UEVENT_SETTLE,
+        }
+    }
+}
+
+/// `discover` = common + discover flags + the driver's own flags (`X`).
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
-pub struct DiscoverCommand {
+pub struct DiscoverCommand<X: Args = NoExtraArgs> {
     /// Shared flags.
     #[command(flatten)]
     pub common: CommonArgs,
     /// `discover` flags.
     #[command(flatten)]
     pub discover: DiscoverArgs,
+    /// The driver's own flags.
+    #[command(flatten)]
+    pub extra: X,
 }
 
 /// The subcommands.
@@ -150,11 +205,11 @@ pub enum DriverCommand<X: Args = NoExtraArgs> {
     /// Serve the kubelet plugin and publish devices (the DaemonSet entry point; the default).
     Run(RunCommand<X>),
     /// Print the ResourceSlices `run` would publish, without touching any cluster.
-    Discover(DiscoverCommand),
+    Discover(DiscoverCommand<X>),
 }
 
-/// The whole command line of a driver binary; `X` holds flags of `run` that
-/// only this driver has (e.g. the EFA driver's rescan interval).
+/// The whole command line of a driver binary; `X` holds the flags that only
+/// this driver has (on both `run` and `discover`).
 #[derive(Debug, Clone, PartialEq, Eq, Parser)]
 pub struct DriverCli<X: Args = NoExtraArgs> {
     /// What to do.
@@ -362,7 +417,7 @@ mod tests {
     const DRIVER: &str = "efa.networking.k8s.aws";
 
     /// Every environment variable the CLI reads.
-    const ENV_TWINS: [&str; 14] = [
+    const ENV_TWINS: [&str; 15] = [
         "SYSFS_ROOT",
         "DEV_ROOT",
         "NODE_NAME",
@@ -376,6 +431,7 @@ mod tests {
         "METRICS_ADDRESS",
         "KUBECONFIG",
         "ALLOW_DEVICE_PLUGIN_COEXISTENCE",
+        "RESCAN_INTERVAL_SECONDS",
         "OUTPUT_FORMAT",
     ];
     const CHILD_MARKER: &str = "DRA_CORE_CLI_ENV_CHILD";
@@ -384,40 +440,99 @@ mod tests {
         DriverCli::try_parse_for("efa-driver", "0.1.0", DRIVER, args)
     }
 
-    /// A driver's own `run` flags sit next to the shared ones, with the same
-    /// implicit `run` and default driver name.
+    /// A driver's own flags sit next to the shared ones on `run` and
+    /// `discover`, with the same implicit `run` and default driver name.
     #[test]
-    fn driver_specific_run_flags() {
+    fn driver_specific_flags() {
         #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
         struct Extra {
-            #[arg(long, default_value_t = 60)]
-            rescan_interval: u64,
+            #[arg(long, default_value = "auto")]
+            partitions: String,
         }
         let parse = |args: &[&str]| -> Result<DriverCli<Extra>, clap::Error> {
             DriverCli::try_parse_for("efa-driver", "0.1.0", DRIVER, args)
         };
-        let cli = parse(&["efa-driver", "--node-name", "n1", "--rescan-interval", "5"]).unwrap();
+        let cli = parse(&["efa-driver", "--node-name", "n1", "--partitions", "cores"]).unwrap();
         let DriverCommand::Run(run) = cli.command else {
             panic!("run is implied")
         };
-        assert_eq!(run.extra.rescan_interval, 5);
+        assert_eq!(run.extra.partitions, "cores");
         assert_eq!(run.common.driver_name, DRIVER);
         let cli = parse(&["efa-driver", "run", "--node-name", "n1"]).unwrap();
         let DriverCommand::Run(run) = cli.command else {
             panic!("run")
         };
-        assert_eq!(run.extra.rescan_interval, 60);
-        // `discover` does not take run-only flags.
+        assert_eq!(run.extra.partitions, "auto");
+        let cli = parse(&[
+            "efa-driver",
+            "discover",
+            "--node-name",
+            "n1",
+            "--partitions",
+            "chips",
+        ])
+        .unwrap();
+        let DriverCommand::Discover(discover) = cli.command else {
+            panic!("discover")
+        };
+        assert_eq!(discover.extra.partitions, "chips");
+    }
+
+    /// `--rescan-interval` is `run`'s, for every driver: at least one second,
+    /// 10 by default, and not a `discover` flag.
+    #[test]
+    fn rescan_interval_flag() {
+        let r = run_of(parse(&["x", "--node-name", "n1"]).expect("parse"));
+        assert_eq!(r.run.rescan_interval, 10);
+        assert_eq!(r.rescan_config().interval, Duration::from_secs(10));
+        let r = run_of(
+            parse(&["x", "run", "--node-name", "n1", "--rescan-interval", "5"]).expect("parse"),
+        );
+        assert_eq!(r.rescan_config().interval, Duration::from_secs(5));
+        for bad in ["0", "-1", "soon"] {
+            assert!(
+                parse(&["x", "run", "--node-name", "n1", "--rescan-interval", bad]).is_err(),
+                "{bad}"
+            );
+        }
         assert!(
             parse(&[
-                "efa-driver",
+                "x",
                 "discover",
                 "--node-name",
-                "n1",
+                "n",
                 "--rescan-interval",
                 "5"
             ])
             .is_err()
+        );
+    }
+
+    #[test]
+    fn runtime_options_from_flags() {
+        let r = run_of(
+            parse(&[
+                "x",
+                "run",
+                "--node-name",
+                "n1",
+                "--pod-uid",
+                "",
+                "--kubeconfig",
+                "/k",
+            ])
+            .expect("parse"),
+        );
+        let o = r.runtime_options(&["vpc.amazonaws.com/efa"], Registry::new());
+        assert_eq!(o.node_name, "n1");
+        assert_eq!(o.driver_name, DRIVER);
+        assert_eq!(o.pod_uid, None, "an empty POD_UID means plain socket names");
+        assert_eq!(o.kubeconfig, Some(PathBuf::from("/k")));
+        assert_eq!(o.device_plugin_resources, ["vpc.amazonaws.com/efa"]);
+        let r = run_of(parse(&["x", "--node-name", "n1", "--pod-uid", "abc"]).expect("parse"));
+        assert_eq!(
+            r.runtime_options(&[], Registry::new()).pod_uid.as_deref(),
+            Some("abc")
         );
     }
 
@@ -477,6 +592,7 @@ mod tests {
             ("METRICS_ADDRESS", "127.0.0.1:9999"),
             ("KUBECONFIG", "/e/kubeconfig"),
             ("ALLOW_DEVICE_PLUGIN_COEXISTENCE", "true"),
+            ("RESCAN_INTERVAL_SECONDS", "7"),
         ];
         let want = DriverCli {
             command: DriverCommand::Run(RunCommand {
@@ -497,6 +613,7 @@ mod tests {
                     metrics_address: "127.0.0.1:9999".parse().expect("addr"),
                     kubeconfig: Some("/e/kubeconfig".into()),
                     allow_device_plugin_coexistence: true,
+                    rescan_interval: 7,
                 },
                 extra: NoExtraArgs {},
             }),

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
+use std::path::Path;
 
 use crate::config::DriverConfig;
 
@@ -48,6 +49,27 @@ pub struct DeviceNode {
     pub path: String,
     /// Path on the host when it differs from `path` (fixtures, dev roots).
     pub host_path: Option<String>,
+}
+
+impl DeviceNode {
+    /// The node at `path` in the container, taken from `host` on the host;
+    /// `host_path` is set only when the two differ (fixtures, a `--dev-root`).
+    pub fn mapped(path: impl Into<String>, host: &Path) -> Self {
+        let path = path.into();
+        let host = host.display().to_string();
+        DeviceNode {
+            host_path: (host != path).then_some(host),
+            path,
+        }
+    }
+
+    /// The node `rel` below `/dev` in the container and below `dev_root`
+    /// (`--dev-root`) on the host, e.g. `infiniband/uverbs3`.
+    pub fn under_dev_root(dev_root: &Path, rel: impl AsRef<Path>) -> Self {
+        let rel = rel.as_ref();
+        let path = Path::new("/dev").join(rel);
+        Self::mapped(path.display().to_string(), &dev_root.join(rel))
+    }
 }
 
 /// What the container runtime must do to the container for one device.
@@ -114,10 +136,38 @@ pub trait Driver: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<DeviceEdits>, DriverError>> + Send;
 
     /// Undo `prepare` for a claim, working only from what was recorded then
-    /// (the claim may be gone from the API server).
+    /// (the claim may be gone from the API server). `dra-core` removes the
+    /// CDI spec itself; the default has nothing else to undo, which is right
+    /// for a driver that changes no host state at prepare time.
     fn unprepare(
         &self,
         claim: &ClaimRef,
         devices: &[PreparedDevice],
-    ) -> impl Future<Output = Result<(), DriverError>> + Send;
+    ) -> impl Future<Output = Result<(), DriverError>> + Send {
+        tracing::debug!(claim = %claim, devices = devices.len(), "unprepare: nothing to undo on the host");
+        std::future::ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_path_only_when_it_differs() {
+        let cases = [
+            ("/dev", None),
+            ("/dev/", None),
+            ("/host/dev", Some("/host/dev/infiniband/uverbs3")),
+        ];
+        for (dev_root, want) in cases {
+            let node = DeviceNode::under_dev_root(Path::new(dev_root), "infiniband/uverbs3");
+            assert_eq!(node.path, "/dev/infiniband/uverbs3", "{dev_root}");
+            assert_eq!(node.host_path.as_deref(), want, "{dev_root}");
+        }
+        let node = DeviceNode::mapped("/dev/neuron0", Path::new("/dev/neuron0"));
+        assert_eq!(node.host_path, None);
+        let node = DeviceNode::mapped("/dev/neuron0", Path::new("/f/dev/neuron0"));
+        assert_eq!(node.host_path.as_deref(), Some("/f/dev/neuron0"));
+    }
 }

@@ -1,10 +1,11 @@
 //! The DRA device health service (`v1alpha1.DRAResourceHealth`).
 //!
-//! Served only when the driver hands over a watch channel of device health;
-//! each change sends kubelet the full list, as the protocol asks.
+//! Served when the plugin is given a watch channel of device health (the
+//! runner always gives it the one [`crate::rescan`] fills); each change
+//! sends kubelet the full list, as the protocol asks.
 
 use std::pin::Pin;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{Stream, StreamExt};
 use tokio::sync::watch;
@@ -30,6 +31,9 @@ pub struct DeviceHealthStatus {
     pub last_updated: SystemTime,
     /// Shown to users by kubelet 1.36+; cut to 1024 characters.
     pub message: String,
+    /// How long kubelet waits for the next report before it turns the
+    /// device Unknown (kubelet 1.35+); `None` leaves kubelet's default (30 s).
+    pub health_check_timeout: Option<Duration>,
 }
 
 fn to_proto(list: &[DeviceHealthStatus]) -> pb::NodeWatchResourcesResponse {
@@ -51,7 +55,10 @@ fn to_proto(list: &[DeviceHealthStatus]) -> pb::NodeWatchResourcesResponse {
                     .duration_since(UNIX_EPOCH)
                     .map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
                     .unwrap_or_default(),
-                health_check_timeout_seconds: 0,
+                health_check_timeout_seconds: d
+                    .health_check_timeout
+                    .map(|t| i64::try_from(t.as_secs()).unwrap_or(i64::MAX))
+                    .unwrap_or_default(),
                 message: d.message.chars().take(1024).collect(),
             })
             .collect(),

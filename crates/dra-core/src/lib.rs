@@ -8,9 +8,16 @@
 //! The API-server-facing half: device validation against the API limits and
 //! the ResourceSlice publisher ([`publish`]), Node lookups ([`node`]), the
 //! `/metrics` + `/healthz` server ([`ops`]) and the CLI both binaries share
-//! ([`cli`]). [`runtime::run`] starts all of it for one driver.
+//! ([`cli`]).
+//!
+//! The device lifecycle: a driver implements [`DeviceInventory`] (scan the
+//! hardware into devices with their health) next to [`Driver`];
+//! [`runner::main`] does the rest (command line, logging, async runtime, the
+//! one [`rescan`] loop, and [`runtime::run`], which starts the plugin, the
+//! publisher and the ops server).
 
 mod atomic;
+pub mod attributes;
 pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
@@ -19,6 +26,7 @@ pub mod cli;
 pub mod config;
 pub mod driver;
 pub mod health;
+pub mod inventory;
 mod lock;
 pub mod metrics;
 pub mod node;
@@ -26,6 +34,9 @@ pub mod ops;
 pub mod plugin;
 pub mod proto;
 pub mod publish;
+pub mod rescan;
+mod resolve;
+pub mod runner;
 pub mod runtime;
 pub mod self_check;
 mod state;
@@ -38,8 +49,10 @@ pub use driver::{
     PreparedDevice,
 };
 pub use health::{DeviceHealthStatus, HealthState};
+pub use inventory::{
+    DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
+};
 pub use metrics::PluginMetrics;
 pub use plugin::{KubeletPlugin, PluginError, PluginOptions, PluginSockets, RunningPlugin};
 pub use runtime::{RuntimeError, RuntimeOptions};
 pub use self_check::{SelfCheckError, self_check};
-pub use state::PipelineError;

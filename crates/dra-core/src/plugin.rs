@@ -103,7 +103,7 @@ impl PluginSockets {
     /// names (DaemonSet pods), the EFA driver's registration socket takes 86
     /// bytes after the kubelet root dir: a root of more than 21 bytes is too
     /// long, which the error says in the operator's terms.
-    pub fn check_lengths(&self) -> Result<(), PluginError> {
+    pub(crate) fn check_lengths(&self) -> Result<(), PluginError> {
         for path in [&self.registration, &self.plugin] {
             let len = path.as_os_str().len();
             if len > MAX_SOCKET_PATH {

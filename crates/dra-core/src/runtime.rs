@@ -10,16 +10,16 @@
 //! unreachable API server never stops the kubelet sockets: the publisher
 //! retries with backoff while prepared claims keep working.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::Device;
 use prometheus::Registry;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::KubeClaimSource;
-use crate::cli::{ClientError, CommonArgs, RunArgs, kube_client};
+use crate::cli::{ClientError, kube_client};
 use crate::driver::Driver;
 use crate::metrics::PluginMetrics;
 use crate::node::{NodeError, device_plugin_resources_present, get_node, node_owner};
@@ -27,6 +27,7 @@ use crate::ops::{HealthProbe, OpsError, OpsServer, Readiness};
 use crate::plugin::{KubeletPlugin, PluginError, PluginOptions};
 use crate::publish::BackoffConfig;
 use crate::publish::publisher::{self, PublishMetrics, PublisherConfig, PublisherConfigError};
+use crate::rescan::DeviceFeeds;
 use crate::self_check::self_check;
 
 /// How many times the Node is read at start before giving up (with backoff,
@@ -34,11 +35,28 @@ use crate::self_check::self_check;
 /// come up once it is back, not crash-loop at once.
 const NODE_READ_ATTEMPTS: u32 = 8;
 
-/// What a driver binary hands to [`run`].
+/// What [`run`] needs to know (the runner builds it from the command line,
+/// see `cli::RunCommand::runtime_options`).
 #[derive(Debug, Clone)]
 pub struct RuntimeOptions {
-    pub common: CommonArgs,
-    pub run: RunArgs,
+    /// e.g. `efa.networking.k8s.aws`.
+    pub driver_name: String,
+    /// This node; also the pool name.
+    pub node_name: String,
+    /// kubelet's plugin registry directory.
+    pub kubelet_registrar_dir: PathBuf,
+    /// kubelet's plugins directory (sockets, checkpoint under `<driver>/`).
+    pub kubelet_plugins_dir: PathBuf,
+    /// Where CDI specs are written.
+    pub cdi_root: PathBuf,
+    /// This pod's UID, for per-pod socket names; `None` for plain names.
+    pub pod_uid: Option<String>,
+    /// Listen address of `/metrics`, `/healthz`, `/readyz`.
+    pub metrics_address: SocketAddr,
+    /// Explicit kubeconfig; `None`: in-cluster, then the default kubeconfig.
+    pub kubeconfig: Option<PathBuf>,
+    /// Start even beside the classic device plugin.
+    pub allow_device_plugin_coexistence: bool,
     /// Extended resources that the classic device plugin advertises for the
     /// same hardware, e.g. `["vpc.amazonaws.com/efa"]`.
     pub device_plugin_resources: &'static [&'static str],
@@ -51,20 +69,19 @@ impl RuntimeOptions {
     /// The CDI class of the driver's devices: the first DNS label of the
     /// driver name (`efa.networking.k8s.aws` → `efa`, `neuron.aws.com` →
     /// `neuron`), giving ids like `k8s.neuron.aws.com/neuron=<name>`.
-    pub fn cdi_class(&self) -> &str {
-        self.common
-            .driver_name
+    fn cdi_class(&self) -> &str {
+        self.driver_name
             .split('.')
             .next()
-            .unwrap_or(&self.common.driver_name)
+            .unwrap_or(&self.driver_name)
     }
 
     fn plugin_options(&self) -> PluginOptions {
-        let mut options = PluginOptions::new(&self.common.driver_name, self.cdi_class());
-        options.registrar_dir = self.run.kubelet_registrar_dir.clone();
-        options.plugins_dir = self.run.kubelet_plugins_dir.clone();
-        options.cdi_root = self.run.cdi_root.clone();
-        options.pod_uid = self.run.pod_uid.clone().filter(|uid| !uid.is_empty());
+        let mut options = PluginOptions::new(&self.driver_name, self.cdi_class());
+        options.registrar_dir = self.kubelet_registrar_dir.clone();
+        options.plugins_dir = self.kubelet_plugins_dir.clone();
+        options.cdi_root = self.cdi_root.clone();
+        options.pod_uid = self.pod_uid.clone().filter(|uid| !uid.is_empty());
         options
     }
 }
@@ -97,14 +114,16 @@ pub enum RuntimeError {
 }
 
 /// Runs the driver until SIGTERM/SIGINT; see the module docs for the order.
+/// `feeds` carry the devices to publish and their health for kubelet (the
+/// rescan loop keeps them current).
 pub async fn run<D: Driver>(
     driver: D,
-    devices: watch::Receiver<Vec<Device>>,
+    feeds: DeviceFeeds,
     options: RuntimeOptions,
 ) -> Result<(), RuntimeError> {
-    let node_name = options.common.node_name.clone();
-    let driver_name = options.common.driver_name.clone();
-    let client = kube_client(options.run.kubeconfig.as_deref()).await?;
+    let node_name = options.node_name.clone();
+    let driver_name = options.driver_name.clone();
+    let client = kube_client(options.kubeconfig.as_deref()).await?;
 
     let node = get_node(
         &client,
@@ -116,7 +135,7 @@ pub async fn run<D: Driver>(
     check_device_plugin_coexistence(
         &node,
         options.device_plugin_resources,
-        options.run.allow_device_plugin_coexistence,
+        options.allow_device_plugin_coexistence,
     )?;
     let owner = node_owner(&node)?;
 
@@ -129,6 +148,7 @@ pub async fn run<D: Driver>(
 
     let claims = Arc::new(KubeClaimSource::new(client.clone()));
     let plugin = KubeletPlugin::new(driver, claims, options.plugin_options(), plugin_metrics)
+        .with_health(feeds.health)
         .start(shutdown.clone())
         .await?;
     let sockets = plugin.sockets.clone();
@@ -154,7 +174,7 @@ pub async fn run<D: Driver>(
             }
         })
     };
-    let ops = OpsServer::bind(options.run.metrics_address, registry, probe, readiness).await?;
+    let ops = OpsServer::bind(options.metrics_address, registry, probe, readiness).await?;
     if let Some(address) = ops.local_addr() {
         tracing::info!(%address, "serving /metrics, /healthz and /readyz");
     }
@@ -164,7 +184,7 @@ pub async fn run<D: Driver>(
     let publisher_task = tokio::spawn(publisher::run(
         client,
         config,
-        devices,
+        feeds.devices,
         shutdown.clone().cancelled_owned(),
     ));
 
@@ -181,7 +201,7 @@ pub async fn run<D: Driver>(
 /// Refuses to run beside the classic device plugin of the same hardware
 /// (the Node's `status.allocatable` has one of `resources` above zero),
 /// unless `allow` (`--allow-device-plugin-coexistence`) says otherwise.
-pub fn check_device_plugin_coexistence(
+fn check_device_plugin_coexistence(
     node: &Node,
     resources: &[&str],
     allow: bool,
@@ -232,12 +252,7 @@ mod tests {
         let DriverCommand::Run(run) = cli.command else {
             panic!("expected run")
         };
-        RuntimeOptions {
-            common: run.common,
-            run: run.run,
-            device_plugin_resources: &[],
-            metrics: Registry::new(),
-        }
+        run.runtime_options(&[], Registry::new())
     }
 
     #[test]

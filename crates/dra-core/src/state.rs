@@ -3,13 +3,14 @@
 //! Prepare: GET every claim (before taking the lock, so a slow API server
 //! does not hold up unprepare), then under the data-dir lock re-read the
 //! checkpoint and, per claim: answer from the checkpoint if already prepared
-//! (idempotent; how shared claims work), else check UID and allocation, keep
-//! our driver's results, resolve opaque config, refuse devices prepared for
-//! another claim, call the driver, write the CDI spec, record the claim.
+//! (idempotent; how shared claims work), else resolve the claim into our
+//! devices ([`crate::resolve`]: UID, allocation, opaque config, the
+//! double-allocation guard), call the driver, write the CDI spec, record the
+//! claim.
 //! Unprepare works from the checkpoint alone. Failures are per claim; only
 //! lock or checkpoint I/O failures fail the whole call.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -19,14 +20,14 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use crate::cdi::CdiWriter;
 use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, PreparedClaim};
 use crate::claims::{ClaimSource, ClaimSourceError};
-use crate::config::{base_request, config_for_request, decode_allocation_configs};
 use crate::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, PreparedDevice};
 use crate::lock::{DataDirLock, LockError};
 use crate::metrics::PluginMetrics;
+use crate::resolve::resolve_claim;
 
 /// Why a whole call failed (kubelet then ignores the response and retries).
 #[derive(Debug, thiserror::Error)]
-pub enum PipelineError {
+pub(crate) enum PipelineError {
     #[error(transparent)]
     Lock(#[from] LockError),
     #[error(transparent)]
@@ -34,7 +35,7 @@ pub enum PipelineError {
 }
 
 /// Per-claim answer of prepare: the devices, or an actionable message.
-pub type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
+pub(crate) type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
 
 pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) driver_name: String,
@@ -112,66 +113,18 @@ impl<D: Driver> ClaimPipeline<D> {
     ) -> Result<PreparedClaim, String> {
         let who = format!("ResourceClaim {}/{}", claim.namespace, claim.name);
         let object = fetched
-            .map_err(|e| format!("{e}; the API server must be reachable to prepare a claim"))?
-            .ok_or_else(|| format!("{who} not found; it may have been deleted"))?;
-        let uid = object.metadata.uid.as_deref().unwrap_or_default();
-        if uid != claim.uid {
-            return Err(format!(
-                "{who} has UID {uid:?} but kubelet asked for {:?}: the claim was deleted and \
-                 recreated; delete the pod so that it is scheduled with the new claim",
-                claim.uid
-            ));
-        }
-        let allocation = object
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .ok_or_else(|| {
-                format!("{who} is not allocated (status.allocation is empty); wait for the scheduler to allocate it")
-            })?;
-        let results = allocation.results.as_deref().unwrap_or_default();
-        let configs = decode_allocation_configs::<D::Config>(
+            .map_err(|e| format!("{e}; the API server must be reachable to prepare a claim"))?;
+        let resolved = resolve_claim::<D::Config>(
             &self.driver_name,
-            allocation.config.as_deref().unwrap_or_default(),
+            claim,
+            object.as_ref(),
+            &checkpoint.claims,
         )
-        .map_err(|e| format!("{who}: {e}"))?;
-
-        // Devices held by other claims, the last guard against handing one
-        // device to two claims (e.g. after a force-deleted pod).
-        let mut held: BTreeMap<(&str, &str), (&str, &PreparedClaim)> = BTreeMap::new();
-        for (other_uid, other) in &checkpoint.claims {
-            for d in &other.devices {
-                held.insert((&d.pool, &d.device), (other_uid, other));
-            }
-        }
-
-        let mut allocated = Vec::new();
-        let mut seen = HashSet::new();
-        for result in results.iter().filter(|r| r.driver == self.driver_name) {
-            let admin_access = result.admin_access.unwrap_or(false);
-            if !admin_access
-                && let Some((other_uid, other)) =
-                    held.get(&(result.pool.as_str(), result.device.as_str()))
-            {
-                return Err(format!(
-                    "{who}: device {}/{} is already prepared for claim {}/{} (uid {other_uid}); \
-                     refusing to give one device to two claims. Wait until that claim is \
-                     unprepared (its pods are gone), then retry",
-                    result.pool, result.device, other.namespace, other.name
-                ));
-            }
-            if !seen.insert((result.pool.clone(), result.device.clone())) {
-                continue;
-            }
-            allocated.push(AllocatedDevice {
-                request: base_request(&result.request).to_string(),
-                pool: result.pool.clone(),
-                device: result.device.clone(),
-                admin_access,
-                config: config_for_request(&configs, &result.request),
-            });
-        }
+        .map_err(|e| e.to_string())?;
+        let (allocated, request_names): (Vec<_>, Vec<_>) = resolved
+            .into_iter()
+            .map(|d| (d.allocated, d.request_names))
+            .unzip();
 
         let edits = self
             .driver
@@ -195,16 +148,9 @@ impl<D: Driver> ClaimPipeline<D> {
 
         let devices = allocated
             .iter()
-            .map(|a| PreparedDevice {
-                request_names: results
-                    .iter()
-                    .filter(|r| {
-                        r.driver == self.driver_name && r.pool == a.pool && r.device == a.device
-                    })
-                    .map(|r| base_request(&r.request).to_string())
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
+            .zip(request_names)
+            .map(|(a, request_names)| PreparedDevice {
+                request_names,
                 pool: a.pool.clone(),
                 device: a.device.clone(),
                 admin_access: a.admin_access,

@@ -142,6 +142,7 @@ async fn start_at(dir: tempfile::TempDir, driver: TestDriver, health: bool) -> H
             state: HealthState::Healthy,
             last_updated: std::time::UNIX_EPOCH + Duration::from_secs(1000),
             message: "ok".into(),
+            health_check_timeout: Some(Duration::from_secs(45)),
         }]);
         std::mem::forget(_tx);
         plugin = plugin.with_health(rx);
@@ -526,6 +527,37 @@ async fn double_allocation_is_refused_unless_admin_access() {
     stop(h).await;
 }
 
+/// An `adminAccess` claim shares the device by design: prepared first, it
+/// must not block the regular claim that comes after it (this was refused),
+/// and prepared second it is not blocked either. Each order in its own call,
+/// as kubelet sends them for two pods.
+#[tokio::test]
+async fn admin_access_and_a_regular_claim_share_a_device_in_either_order() {
+    let admin = "4a000000-0000-4000-8000-0000000000ad";
+    let regular = "4a000000-0000-4000-8000-0000000000e1";
+    for admin_first in [true, false] {
+        let h = start().await;
+        h.claims
+            .insert(claim(admin, "admin", &[("r", "dev-7", true)], vec![]));
+        h.claims
+            .insert(claim(regular, "regular", &[("r", "dev-7", false)], vec![]));
+        let order = if admin_first {
+            [(admin, "admin"), (regular, "regular")]
+        } else {
+            [(regular, "regular"), (admin, "admin")]
+        };
+        for (uid, name) in order {
+            let resp = prepare_v1(&h, vec![v1_claim(uid, name)]).await;
+            assert_eq!(
+                resp.claims[uid].error, "",
+                "{name} (admin first: {admin_first})"
+            );
+            assert_eq!(resp.claims[uid].devices.len(), 1, "{name}");
+        }
+        stop(h).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_prepares() {
     let h = Arc::new(start().await);
@@ -729,6 +761,7 @@ async fn health_service_is_advertised_and_streams() {
         health_v1alpha1::HealthStatus::Healthy as i32
     );
     assert_eq!(first.devices[0].last_updated_time, 1000);
+    assert_eq!(first.devices[0].health_check_timeout_seconds, 45);
     drop(stream);
     stop(h).await;
 }

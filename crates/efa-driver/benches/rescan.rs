@@ -4,28 +4,29 @@
 
 use std::time::{Duration, Instant};
 
-use efa_driver::hotplug::{Inventory, Trigger};
-use topology::SysfsRoot;
+use dra_core::{DeviceInventory, HostPaths};
+use efa_driver::EfaInventory;
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).expect("fixture");
-    let mut inventory = Inventory::new(SysfsRoot::new(&fixture.sys), None);
-    let first = inventory
-        .rescan(Trigger::Start)
-        .expect("scan")
-        .expect("first scan reports");
+    let host = HostPaths {
+        sysfs_root: fixture.sys.clone(),
+        dev_root: fixture.dev.clone(),
+    };
+    let mut inventory = EfaInventory::new(&host, None);
+    let first = inventory.scan().expect("scan");
     assert_eq!(first.len(), 32);
     for _ in 0..20 {
-        inventory.rescan(Trigger::Interval).expect("warm-up");
+        inventory.scan().expect("warm-up");
     }
     let runs = 500u32;
     let mut samples: Vec<Duration> = Vec::with_capacity(runs as usize);
     for _ in 0..runs {
         let t = Instant::now();
-        let changed = inventory.rescan(Trigger::Interval).expect("scan");
+        let again = inventory.scan().expect("scan");
         samples.push(t.elapsed());
-        assert!(changed.is_none(), "steady state must report no change");
+        assert!(again == first, "steady state must find the same devices");
     }
     samples.sort();
     let total: Duration = samples.iter().sum();

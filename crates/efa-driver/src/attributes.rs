@@ -2,25 +2,21 @@
 //!
 //! Names and types are contracts (ARCHITECTURE.md, `docs/attributes.md`):
 //! CEL compares `"0"` and `0` differently, and a GPU claim pairs with an EFA
-//! only if both drivers spell `resource.kubernetes.io/pcieRoot` the same way.
+//! only if both drivers spell `resource.kubernetes.io/pcieRoot` the same way,
+//! which is why the standard ones come from `dra_core::attributes`.
 //! Driver-domain attributes are written without a domain. Device names come
 //! from the PCI address, so they survive reboots and re-enumeration of the
 //! RDMA/uverbs devices.
 
 use std::collections::BTreeMap;
 
+use dra_core::attributes::{PciPlacement, int, string, version};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use topology::devicegroup::DEVICE_GROUP_DOMAIN;
 use topology::{InstanceType, PciAddress};
 
 use crate::discovery::{Discovery, Efa};
 
-/// Standard attribute: the PCI root complex, `pci<domain>:<bus>`.
-pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
-/// Standard attribute: `DDDD:BB:DD.F`.
-pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
-/// Standard attribute: NUMA node (int), omitted when unknown.
-pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 /// RDMA (ib) device name.
 pub const RDMA_DEVICE: &str = "rdmaDevice";
 /// EC2 instance type from DMI.
@@ -60,20 +56,6 @@ pub fn parse_device_name(name: &str) -> Option<PciAddress> {
     format!("{d}:{b}:{s}.{f}").parse().ok()
 }
 
-fn string(v: impl Into<String>) -> DeviceAttribute {
-    DeviceAttribute {
-        string: Some(v.into()),
-        ..Default::default()
-    }
-}
-
-fn int(v: i64) -> DeviceAttribute {
-    DeviceAttribute {
-        int: Some(v),
-        ..Default::default()
-    }
-}
-
 /// Node-wide facts every device carries.
 #[derive(Debug, Clone, Default)]
 pub struct NodeFacts<'a> {
@@ -84,14 +66,10 @@ pub struct NodeFacts<'a> {
 /// One EFA as a DRA device.
 pub fn efa_device(efa: &Efa, node: &NodeFacts<'_>) -> Device {
     let mut attrs: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
+    PciPlacement::new(efa.address, Some(&efa.pcie_root), efa.numa_node).insert_into(&mut attrs);
     let mut put = |k: &str, v: DeviceAttribute| {
         attrs.insert(k.to_owned(), v);
     };
-    put(PCIE_ROOT, string(efa.pcie_root.to_string()));
-    put(PCI_BUS_ID, string(efa.address.to_string()));
-    if let Some(n) = efa.numa_node {
-        put(NUMA_NODE, int(i64::from(n)));
-    }
     if let Some(groups) = &efa.device_groups {
         for (name, value) in groups.attributes() {
             put(&format!("{DEVICE_GROUP_DOMAIN}/{name}"), string(value));
@@ -101,7 +79,7 @@ pub fn efa_device(efa: &Efa, node: &NodeFacts<'_>) -> Device {
     if let Some(t) = node.instance_type {
         put(INSTANCE_TYPE, string(t.as_str()));
     }
-    put(EFA_GENERATION, int(i64::from(efa.generation())));
+    put(EFA_GENERATION, int(efa.generation()));
     put(PCI_DEVICE_ID, string(format!("0x{:04x}", efa.device_id)));
     if let Some(fw) = &efa.firmware_version {
         put(FIRMWARE_VERSION, string(fw));
@@ -109,13 +87,7 @@ pub fn efa_device(efa: &Efa, node: &NodeFacts<'_>) -> Device {
     if let Some(v) = node.efa_driver_version {
         put(EFA_DRIVER_VERSION, string(v));
     }
-    put(
-        DRA_DRIVER_VERSION,
-        DeviceAttribute {
-            version: Some(env!("CARGO_PKG_VERSION").to_owned()),
-            ..Default::default()
-        },
-    );
+    put(DRA_DRIVER_VERSION, version(env!("CARGO_PKG_VERSION")));
     Device {
         name: device_name(efa.address),
         attributes: Some(attrs),

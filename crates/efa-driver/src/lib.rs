@@ -2,19 +2,20 @@
 //!
 //! One file per concern: [`discovery`] (sysfs → [`discovery::Efa`]),
 //! [`attributes`] (EFA → DRA `Device`), [`config`] (the strict `EfaConfig`),
-//! [`prepare`] (the `dra-core` [`dra_core::Driver`] impl), [`hotplug`]
-//! (uevents + periodic rescan → the device watch channel), [`safety`]
-//! (refusing to run next to the classic device plugin).
+//! [`prepare`] (the `dra-core` [`dra_core::Driver`] impl), [`inventory`]
+//! (the `dra-core` [`dra_core::DeviceInventory`] impl: what a scan finds),
+//! [`safety`] (refusing to run next to the classic device plugin).
 
 pub mod attributes;
 pub mod config;
 pub mod discovery;
-pub mod hotplug;
+pub mod inventory;
 pub mod prepare;
 pub mod safety;
 
 pub use config::EfaConfig;
 pub use discovery::{Discovery, DiscoveryError, Efa, discover};
+pub use inventory::EfaInventory;
 pub use prepare::EfaDriver;
 
 /// The DRA driver name (`--driver-name` default, DeviceClass name).

@@ -21,7 +21,6 @@ use std::path::{Path, PathBuf};
 
 use dra_core::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
-    PreparedDevice,
 };
 use topology::SysfsRoot;
 
@@ -68,18 +67,8 @@ impl EfaDriver {
         }
     }
 
-    /// A device node at `rel` below `/dev` (container) and `--dev-root` (host).
-    fn node(&self, rel: &Path) -> DeviceNode {
-        let path = Path::new("/dev").join(rel);
-        let host = self.dev_root.join(rel);
-        DeviceNode {
-            host_path: (host != path).then(|| host.display().to_string()),
-            path: path.display().to_string(),
-        }
-    }
-
     /// The edits for every allocated device, in the order given.
-    pub fn container_edits(
+    fn container_edits(
         &self,
         devices: &[AllocatedDevice<EfaConfig>],
     ) -> Result<Vec<DeviceEdits>, PrepareError> {
@@ -112,7 +101,7 @@ impl EfaDriver {
             .join(&rdma_cm_rel)
             .symlink_metadata()
             .is_ok()
-            .then(|| self.node(&rdma_cm_rel));
+            .then(|| DeviceNode::under_dev_root(&self.dev_root, &rdma_cm_rel));
         // Sorted and deduplicated, so the value does not depend on the order
         // kubelet lists the results in.
         let names: BTreeSet<&str> = resolved.iter().map(|(_, r, _)| r.as_str()).collect();
@@ -121,7 +110,9 @@ impl EfaDriver {
             .iter()
             .map(|(device, _, rel)| {
                 let mut edits = ContainerEdits::default();
-                edits.device_nodes.push(self.node(rel));
+                edits
+                    .device_nodes
+                    .push(DeviceNode::under_dev_root(&self.dev_root, rel));
                 edits.device_nodes.extend(rdma_cm.clone());
                 edits.env.insert(ENV_RDMA_DEVICES.to_owned(), list.clone());
                 DeviceEdits {
@@ -147,34 +138,5 @@ impl Driver for EfaDriver {
         })?;
         tracing::info!(claim = %claim, devices = edits.len(), "prepared EFAs");
         Ok(edits)
-    }
-
-    async fn unprepare(
-        &self,
-        claim: &ClaimRef,
-        devices: &[PreparedDevice],
-    ) -> Result<(), DriverError> {
-        tracing::info!(claim = %claim, devices = devices.len(), "unprepared EFAs");
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_path_only_when_it_differs() {
-        let rel = Path::new("infiniband/uverbs3");
-        let cases = [
-            ("/dev", None),
-            ("/dev/", None),
-            ("/host/dev", Some("/host/dev/infiniband/uverbs3")),
-        ];
-        for (dev_root, want) in cases {
-            let node = EfaDriver::new(SysfsRoot::default(), dev_root).node(rel);
-            assert_eq!(node.path, "/dev/infiniband/uverbs3", "{dev_root}");
-            assert_eq!(node.host_path.as_deref(), want, "{dev_root}");
-        }
     }
 }

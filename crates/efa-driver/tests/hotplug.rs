@@ -1,14 +1,24 @@
-//! Hot-plug: fixture mutations while the watcher runs change the published
-//! set; a steady state sends nothing.
+//! Hot-plug: fixture mutations while dra-core's rescan loop runs the EFA
+//! inventory change the published set; a steady state sends nothing.
 
 use std::time::Duration;
 
+use dra_core::HostPaths;
+use dra_core::rescan::{RescanConfig, RescanMetrics, Rescanner, Trigger};
+use efa_driver::EfaInventory;
 use efa_driver::attributes::device_name;
-use efa_driver::hotplug::{EfaMetrics, Inventory, Trigger, WatchConfig, watch_devices};
+use efa_driver::inventory::EfaMetrics;
 use k8s_openapi::api::resource::v1::Device;
 use sysfs_fixtures::{Fixture, generate};
 use tokio::sync::{mpsc, watch};
-use topology::{PciAddress, SysfsRoot};
+use topology::PciAddress;
+
+fn host(f: &Fixture) -> HostPaths {
+    HostPaths {
+        sysfs_root: f.sys.clone(),
+        dev_root: f.dev.clone(),
+    }
+}
 
 fn names(devices: &[Device]) -> Vec<String> {
     devices.iter().map(|d| d.name.clone()).collect()
@@ -32,21 +42,24 @@ async fn periodic_rescan_follows_add_remove_unbind() {
     let f = generate("p5.48xlarge", dir.path()).unwrap();
     let registry = prometheus::Registry::new();
     let metrics = EfaMetrics::register(&registry).unwrap();
-    let mut inv = Inventory::new(SysfsRoot::new(&f.sys), Some(metrics.clone()));
-    let initial = inv.rescan(Trigger::Start).unwrap().unwrap();
-    assert_eq!(initial.len(), 32);
-    assert_eq!(
-        inv.rescan(Trigger::Interval).unwrap(),
-        None,
+    let rescans = RescanMetrics::register(&registry, "efa_driver").unwrap();
+    let inv = EfaInventory::new(&host(&f), Some(metrics.clone()));
+    let (rescanner, feeds) = Rescanner::new(inv, "node", None, Some(rescans.clone()));
+    assert!(rescanner.rescan(Trigger::Start).await.unwrap());
+    assert_eq!(feeds.devices.borrow().len(), 32);
+    assert!(
+        !rescanner.rescan(Trigger::Interval).await.unwrap(),
         "no change, no send"
     );
-    let (tx, mut rx) = watch::channel(initial);
+    let mut rx = feeds.devices.clone();
+    rx.mark_unchanged();
     let (_trigger_tx, trigger_rx) = mpsc::channel(1);
-    let config = WatchConfig {
-        rescan_interval: Duration::from_millis(50),
+    let config = RescanConfig {
+        interval: Duration::from_millis(50),
         settle: Duration::from_millis(10),
     };
-    let task = tokio::spawn(watch_devices(inv, tx, trigger_rx, config));
+    let task = tokio::spawn(rescanner.run(trigger_rx, config));
+    drop(feeds);
 
     f.remove_efa(&f.efas[3].bdf).unwrap();
     let got = next(&mut rx).await;
@@ -73,7 +86,7 @@ async fn periodic_rescan_follows_add_remove_unbind() {
         got = next(&mut rx).await;
     }
     assert!(got.contains(&name(&f, 3)) && got.contains(&name(&f, 10)));
-    assert_eq!(metrics.devices.get(), 32);
+    assert_eq!(rescans.devices.get(), 32);
     assert_eq!(
         metrics
             .unusable_total
@@ -98,16 +111,17 @@ async fn periodic_rescan_follows_add_remove_unbind() {
 async fn a_uevent_trigger_rescans_without_waiting_for_the_interval() {
     let dir = tempfile::tempdir().unwrap();
     let f = generate("trn2.48xlarge", dir.path()).unwrap();
-    let mut inv = Inventory::new(SysfsRoot::new(&f.sys), None);
-    let initial = inv.rescan(Trigger::Start).unwrap().unwrap();
-    assert_eq!(initial.len(), 16);
-    let (tx, mut rx) = watch::channel(initial);
+    let (rescanner, feeds) = Rescanner::new(EfaInventory::new(&host(&f), None), "node", None, None);
+    rescanner.rescan(Trigger::Start).await.unwrap();
+    assert_eq!(feeds.devices.borrow().len(), 16);
+    let mut rx = feeds.devices.clone();
+    rx.mark_unchanged();
     let (trigger_tx, trigger_rx) = mpsc::channel(1);
-    let config = WatchConfig {
-        rescan_interval: Duration::from_secs(3600),
+    let config = RescanConfig {
+        interval: Duration::from_secs(3600),
         settle: Duration::from_millis(20),
     };
-    tokio::spawn(watch_devices(inv, tx, trigger_rx, config));
+    tokio::spawn(rescanner.run(trigger_rx, config));
     f.remove_efa(&f.efas[0].bdf).unwrap();
     trigger_tx.send(Trigger::Uevent).await.unwrap();
     let got = next(&mut rx).await;

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use dra_core::attributes::{PciPlacement, int, string, version};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -35,33 +36,13 @@ pub fn parse_device_name(name: &str) -> Option<u32> {
     n.parse().ok()
 }
 
-fn string(v: impl Into<String>) -> DeviceAttribute {
-    DeviceAttribute {
-        string: Some(v.into()),
-        ..Default::default()
-    }
-}
-
-fn int(v: u32) -> DeviceAttribute {
-    DeviceAttribute {
-        int: Some(i64::from(v)),
-        ..Default::default()
-    }
-}
-
 /// The device of one chip.
 pub fn chip_device(inventory: &NodeInventory, chip: &NeuronChip, torus: bool) -> Device {
     let mut attrs: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
     attrs.insert("deviceId".into(), int(chip.index));
     attrs.insert("resourceType".into(), string(RESOURCE_TYPE));
     attrs.insert("coreCount".into(), int(chip.core_count));
-    attrs.insert(
-        "draDriverVersion".into(),
-        DeviceAttribute {
-            version: Some(DRA_DRIVER_VERSION.into()),
-            ..Default::default()
-        },
-    );
+    attrs.insert("draDriverVersion".into(), version(DRA_DRIVER_VERSION));
     if let Some(v) = &inventory.neuron_driver_version {
         attrs.insert("neuronDriverVersion".into(), string(v.clone()));
     }
@@ -81,19 +62,13 @@ pub fn chip_device(inventory: &NodeInventory, chip: &NeuronChip, torus: bool) ->
         }
     }
     if let Some(pci) = &chip.pci {
-        attrs.insert(
-            "resource.kubernetes.io/pciBusID".into(),
-            string(pci.address.to_string()),
-        );
-        if let Some(dev) = &pci.device {
-            attrs.insert(
-                "resource.kubernetes.io/pcieRoot".into(),
-                string(dev.pcie_root.to_string()),
-            );
-            if let Some(numa) = dev.numa_node {
-                attrs.insert("resource.kubernetes.io/numaNode".into(), int(numa));
-            }
-        }
+        let device = pci.device.as_ref();
+        PciPlacement::new(
+            pci.address,
+            device.map(|d| d.pcie_root),
+            device.and_then(|d| d.numa_node),
+        )
+        .insert_into(&mut attrs);
     }
 
     let mut capacity = BTreeMap::new();

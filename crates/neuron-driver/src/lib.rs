@@ -8,14 +8,14 @@
 //! - [`config`]: the opaque `NeuronConfig`;
 //! - [`lnc`]: Logical NeuronCore rules and core numbering;
 //! - [`prepare`]: [`prepare::NeuronDriver`], the `dra-core` driver;
-//! - [`hotplug`]: rescans feeding the publisher;
+//! - [`inventory`]: the `dra-core` inventory (what a scan finds);
 //! - [`safety`]: the classic device plugin's resources.
 
 pub mod attributes;
 pub mod bdf;
 pub mod config;
 pub mod discovery;
-pub mod hotplug;
+pub mod inventory;
 pub mod lnc;
 pub mod prepare;
 pub mod safety;
@@ -26,4 +26,5 @@ pub const DRIVER_NAME: &str = "neuron.aws.com";
 pub use attributes::devices;
 pub use config::NeuronConfig;
 pub use discovery::{NodeInventory, discover};
+pub use inventory::NeuronInventory;
 pub use prepare::NeuronDriver;

@@ -18,7 +18,6 @@ use std::sync::{Arc, RwLock};
 
 use dra_core::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
-    PreparedDevice,
 };
 
 use crate::attributes::parse_device_name;
@@ -91,19 +90,15 @@ pub fn claim_edits(
     .collect();
     Ok(chips
         .iter()
-        .map(|(d, chip, _)| {
-            let path = format!("/dev/neuron{}", chip.index);
-            let host = chip.device_node.to_string_lossy().into_owned();
-            DeviceEdits {
-                device: d.device.clone(),
-                edits: ContainerEdits {
-                    device_nodes: vec![DeviceNode {
-                        host_path: (host != path).then_some(host),
-                        path,
-                    }],
-                    env: env.clone(),
-                },
-            }
+        .map(|(d, chip, _)| DeviceEdits {
+            device: d.device.clone(),
+            edits: ContainerEdits {
+                device_nodes: vec![DeviceNode::mapped(
+                    format!("/dev/neuron{}", chip.index),
+                    &chip.device_node,
+                )],
+                env: env.clone(),
+            },
         })
         .collect())
 }
@@ -115,15 +110,11 @@ pub struct NeuronDriver {
 }
 
 impl NeuronDriver {
-    /// `inventory` is kept current by the rescan loop
-    /// ([`crate::hotplug::watch_devices`]).
+    /// `inventory` is kept current by the scans
+    /// ([`crate::inventory::NeuronInventory`]).
     /// Device nodes are taken from the inventory (`<dev-root>/neuronN`).
     pub fn new(inventory: SharedInventory) -> Self {
         NeuronDriver { inventory }
-    }
-
-    pub fn inventory(&self) -> &SharedInventory {
-        &self.inventory
     }
 }
 
@@ -146,14 +137,5 @@ impl Driver for NeuronDriver {
             Err(error) => tracing::warn!(claim = %claim, %error, "cannot prepare Neuron chips"),
         }
         result.map_err(DriverError::new)
-    }
-
-    async fn unprepare(
-        &self,
-        claim: &ClaimRef,
-        devices: &[PreparedDevice],
-    ) -> Result<(), DriverError> {
-        tracing::info!(claim = %claim, devices = devices.len(), "unprepared Neuron chips (nothing to undo on the host)");
-        Ok(())
     }
 }

@@ -9,14 +9,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use dra_core::config::{config_for_request, decode_allocation_configs};
+use dra_core::rescan::{RescanConfig, Rescanner, Trigger};
 use dra_core::{AllocatedDevice, ClaimRef, Driver};
+use dra_core::{DeviceInventory, HostPaths};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAllocationConfiguration, DeviceAttribute, OpaqueDeviceConfiguration,
 };
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use neuron_driver::NeuronInventory;
 use neuron_driver::bdf::{BdfError, BdfSource, NeuronIoctl, StaticBdf};
 use neuron_driver::discovery::{BdfCache, NodeInventory, discover};
-use neuron_driver::hotplug::{Scanner, apply, watch_devices};
 use neuron_driver::prepare::{ENV_LNC, ENV_VISIBLE_CORES, claim_edits};
 use neuron_driver::{DRIVER_NAME, NeuronConfig, NeuronDriver, devices};
 use sysfs_fixtures::{ChipTopology, DeviceNodes, Fixture, generate, generate_spec, spec};
@@ -279,7 +281,7 @@ fn real_ioctl_falls_back_on_plain_files_and_char_devices() {
 }
 
 #[test]
-fn rescans_publish_only_changes_and_look_chips_up_once() {
+fn rescans_look_chips_up_once_and_feed_prepare() {
     let (_dir, fx) = fixture("trn2.48xlarge");
     let counter = Arc::new(Counting(fixture_bdf(&fx), AtomicUsize::new(0)));
     struct Shared(Arc<Counting>);
@@ -288,31 +290,40 @@ fn rescans_publish_only_changes_and_look_chips_up_once() {
             self.0.chip_address(node)
         }
     }
-    let mut scanner = Scanner::new(
-        SysfsRoot::new(&fx.sys),
-        fx.dev.clone(),
-        Box::new(Shared(counter.clone())),
-    );
-    let shared = Arc::new(RwLock::new(NodeInventory::default()));
-    let (tx, rx) = tokio::sync::watch::channel(Vec::new());
+    let mut inventory = NeuronInventory::new(&host(&fx), Box::new(Shared(counter.clone())));
+    let shared = inventory.shared().clone();
     let lookups = || counter.1.load(Ordering::SeqCst);
+    let names = |found: &[dra_core::ScannedDevice]| -> Vec<String> {
+        found.iter().map(|s| s.device.name.clone()).collect()
+    };
 
-    assert!(apply(scanner.scan().unwrap(), &shared, &tx));
-    assert_eq!((rx.borrow().len(), lookups()), (16, 16));
-    assert!(!apply(scanner.scan().unwrap(), &shared, &tx), "unchanged");
+    let first = inventory.scan().unwrap();
+    assert_eq!((first.len(), lookups()), (16, 16));
+    assert!(first.iter().all(|s| s.health.conditions.is_empty()));
+    assert_eq!(inventory.scan().unwrap(), first, "unchanged");
     assert_eq!(lookups(), 16, "no ioctl on a rescan");
 
     let chip5 = &fx.neuron_chips[5];
     fx.unbind_driver(&chip5.bdf).unwrap();
-    assert!(apply(scanner.scan().unwrap(), &shared, &tx));
-    assert_eq!(rx.borrow().len(), 15);
-    assert!(!rx.borrow().iter().any(|d| d.name == "neuron-device-5"));
-    assert!(shared.read().unwrap().chip(5).is_none());
+    let found = inventory.scan().unwrap();
+    assert_eq!(found.len(), 15);
+    assert!(!names(&found).contains(&"neuron-device-5".to_owned()));
+    assert!(
+        shared.read().unwrap().chip(5).is_none(),
+        "prepare sees the scan"
+    );
 
     fx.bind_driver(&chip5.bdf).unwrap();
-    assert!(apply(scanner.scan().unwrap(), &shared, &tx));
-    assert_eq!(rx.borrow().len(), 16);
+    assert_eq!(inventory.scan().unwrap().len(), 16);
+    assert!(shared.read().unwrap().chip(5).is_some());
     assert_eq!(lookups(), 17, "a chip that came back is looked up again");
+}
+
+fn host(fx: &Fixture) -> HostPaths {
+    HostPaths {
+        sysfs_root: fx.sys.clone(),
+        dev_root: fx.dev.clone(),
+    }
 }
 
 /// A uevent makes the watcher rescan at once, long before its periodic
@@ -325,16 +336,16 @@ fn a_uevent_triggers_a_rescan() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let scanner = Scanner::new(
-            SysfsRoot::new(&fx.sys),
-            fx.dev.clone(),
-            Box::new(fixture_bdf(&fx)),
-        );
-        let shared = Arc::new(RwLock::new(NodeInventory::default()));
-        let (tx, mut rx) = tokio::sync::watch::channel(Vec::new());
+        let inventory = NeuronInventory::new(&host(&fx), Box::new(fixture_bdf(&fx)));
+        let (rescanner, feeds) = Rescanner::new(inventory, "node", None, None);
+        rescanner.rescan(Trigger::Start).await.unwrap();
+        let mut rx = feeds.devices.clone();
         let (uevent_tx, uevent_rx) = tokio::sync::mpsc::channel(1);
-        let hour = std::time::Duration::from_secs(3600);
-        tokio::spawn(watch_devices(scanner, shared, tx, uevent_rx, hour));
+        let config = RescanConfig {
+            interval: std::time::Duration::from_secs(3600),
+            settle: std::time::Duration::from_millis(20),
+        };
+        tokio::spawn(rescanner.run(uevent_rx, config));
         let wait_for = |rx: &mut tokio::sync::watch::Receiver<Vec<_>>, n: usize| {
             let mut rx = rx.clone();
             async move {
@@ -347,16 +358,15 @@ fn a_uevent_triggers_a_rescan() {
                 .unwrap_or(false)
             }
         };
-        // The first (immediate) tick publishes the 16 chips.
         assert!(wait_for(&mut rx, 16).await, "initial scan");
 
         fx.unbind_driver(&fx.neuron_chips[3].bdf).unwrap();
-        uevent_tx.send(()).await.unwrap();
+        uevent_tx.send(Trigger::Uevent).await.unwrap();
         assert!(wait_for(&mut rx, 15).await, "unbind seen after the uevent");
         assert!(!rx.borrow().iter().any(|d| d.name == "neuron-device-3"));
 
         fx.bind_driver(&fx.neuron_chips[3].bdf).unwrap();
-        uevent_tx.send(()).await.unwrap();
+        uevent_tx.send(Trigger::Uevent).await.unwrap();
         assert!(wait_for(&mut rx, 16).await, "bind seen after the uevent");
     });
 }

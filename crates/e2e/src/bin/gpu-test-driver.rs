@@ -12,18 +12,18 @@
 //! CDI, publishing) is `dra-core`, as in the real drivers.
 //!
 //! Limits: GPUs are numbered in PCI address order (what the fixtures do; the
-//! real driver asks the kernel module); no health, no sharing, no MIG.
+//! real driver asks the kernel module); every GPU reports healthy; no
+//! sharing, no MIG.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
 
-use anyhow::Context;
-use dra_core::cli::{DriverCli, DriverCommand, init_logging, render_list};
-use dra_core::publish::desired_slices;
-use dra_core::runtime::{self, RuntimeOptions};
+use dra_core::attributes::{PciPlacement, int, string};
+use dra_core::cli::NoExtraArgs;
 use dra_core::{
-    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverConfig,
-    DriverError, PreparedDevice,
+    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceInventory, DeviceNode, Driver,
+    DriverConfig, DriverError, HostPaths, ScannedDevice,
 };
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -56,17 +56,9 @@ impl Gpu {
 
     fn device(&self) -> Device {
         let mut attrs: BTreeMap<String, DeviceAttribute> = BTreeMap::new();
-        let string = |s: String| DeviceAttribute {
-            string: Some(s),
-            ..Default::default()
-        };
-        let int = |i: i64| DeviceAttribute {
-            int: Some(i),
-            ..Default::default()
-        };
-        attrs.insert("type".into(), string("gpu".into()));
-        attrs.insert("index".into(), int(i64::from(self.index)));
-        attrs.insert("minor".into(), int(i64::from(self.index)));
+        attrs.insert("type".into(), string("gpu"));
+        attrs.insert("index".into(), int(self.index));
+        attrs.insert("minor".into(), int(self.index));
         attrs.insert(
             "uuid".into(),
             string(format!(
@@ -75,20 +67,12 @@ impl Gpu {
             )),
         );
         attrs.insert("productName".into(), string(product_name(self.pci.device)));
-        attrs.insert(
-            "resource.kubernetes.io/pcieRoot".into(),
-            string(self.pci.pcie_root.to_string()),
-        );
-        attrs.insert(
-            "resource.kubernetes.io/pciBusID".into(),
-            string(self.pci.address.to_string()),
-        );
-        if let Some(numa) = self.pci.numa_node {
-            attrs.insert(
-                "resource.kubernetes.io/numaNode".into(),
-                int(i64::from(numa)),
-            );
-        }
+        PciPlacement::new(
+            self.pci.address,
+            Some(&self.pci.pcie_root),
+            self.pci.numa_node,
+        )
+        .insert_into(&mut attrs);
         Device {
             name: self.name(),
             attributes: Some(attrs),
@@ -113,10 +97,21 @@ fn product_name(device_id: u16) -> String {
     }
 }
 
+/// The PCI tree could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("scanning PCI devices under {root}: {source}")]
+struct ScanError {
+    root: String,
+    #[source]
+    source: topology::Error,
+}
+
 /// Every NVIDIA GPU of the tree, numbered in PCI address order.
-fn discover(sysfs: &SysfsRoot) -> anyhow::Result<Vec<Gpu>> {
-    let scan = topology::scan(sysfs)
-        .with_context(|| format!("scanning PCI devices under {}", sysfs.path().display()))?;
+fn discover(sysfs: &SysfsRoot) -> Result<Vec<Gpu>, ScanError> {
+    let scan = topology::scan(sysfs).map_err(|source| ScanError {
+        root: sysfs.path().display().to_string(),
+        source,
+    })?;
     for e in &scan.errors {
         tracing::warn!(entry = %e.entry, error = %e.error, "unreadable PCI function skipped");
     }
@@ -133,20 +128,56 @@ fn discover(sysfs: &SysfsRoot) -> anyhow::Result<Vec<Gpu>> {
         .collect())
 }
 
-struct GpuTestDriver {
+/// The GPUs by device name, as the last scan found them.
+type SharedGpus = Arc<RwLock<BTreeMap<String, Gpu>>>;
+
+/// The node's GPUs as dra-core scans them.
+struct GpuInventory {
+    sysfs: SysfsRoot,
     dev_root: PathBuf,
-    gpus: BTreeMap<String, Gpu>,
+    gpus: SharedGpus,
 }
 
-impl GpuTestDriver {
-    fn node(&self, name: &str) -> DeviceNode {
-        let path = format!("/dev/{name}");
-        let host = self.dev_root.join(name);
-        DeviceNode {
-            host_path: (host != Path::new(&path)).then(|| host.display().to_string()),
-            path,
+impl DeviceInventory for GpuInventory {
+    type Flags = NoExtraArgs;
+    type Error = ScanError;
+    type Driver = GpuTestDriver;
+    const UEVENT_SUBSYSTEMS: &'static [&'static str] = &["pci"];
+
+    fn open(
+        host: &HostPaths,
+        _: &NoExtraArgs,
+        _: &prometheus::Registry,
+    ) -> Result<Self, ScanError> {
+        Ok(GpuInventory {
+            sysfs: SysfsRoot::new(&host.sysfs_root),
+            dev_root: host.dev_root.clone(),
+            gpus: SharedGpus::default(),
+        })
+    }
+
+    fn scan(&mut self) -> Result<Vec<ScannedDevice>, ScanError> {
+        let gpus = discover(&self.sysfs)?;
+        let devices = gpus
+            .iter()
+            .map(|g| ScannedDevice::healthy(g.device()))
+            .collect();
+        *self.gpus.write().unwrap_or_else(|e| e.into_inner()) =
+            gpus.into_iter().map(|g| (g.name(), g)).collect();
+        Ok(devices)
+    }
+
+    fn driver(&self) -> GpuTestDriver {
+        GpuTestDriver {
+            dev_root: self.dev_root.clone(),
+            gpus: self.gpus.clone(),
         }
     }
+}
+
+struct GpuTestDriver {
+    dev_root: PathBuf,
+    gpus: SharedGpus,
 }
 
 impl Driver for GpuTestDriver {
@@ -157,11 +188,11 @@ impl Driver for GpuTestDriver {
         _claim: &ClaimRef,
         devices: &[AllocatedDevice<GpuConfig>],
     ) -> Result<Vec<DeviceEdits>, DriverError> {
+        let gpus = self.gpus.read().unwrap_or_else(|e| e.into_inner());
         let mut indices = Vec::new();
         let mut out = Vec::new();
         for d in devices {
-            let gpu = self
-                .gpus
+            let gpu = gpus
                 .get(&d.device)
                 .ok_or_else(|| DriverError::new(format!("no GPU named {}", d.device)))?;
             indices.push(gpu.index.to_string());
@@ -169,8 +200,8 @@ impl Driver for GpuTestDriver {
                 device: d.device.clone(),
                 edits: ContainerEdits {
                     device_nodes: vec![
-                        self.node(&format!("nvidia{}", gpu.index)),
-                        self.node("nvidiactl"),
+                        DeviceNode::under_dev_root(&self.dev_root, format!("nvidia{}", gpu.index)),
+                        DeviceNode::under_dev_root(&self.dev_root, "nvidiactl"),
                     ],
                     env: BTreeMap::new(),
                 },
@@ -186,61 +217,15 @@ impl Driver for GpuTestDriver {
         }
         Ok(out)
     }
-
-    async fn unprepare(
-        &self,
-        _claim: &ClaimRef,
-        _devices: &[PreparedDevice],
-    ) -> Result<(), DriverError> {
-        Ok(())
-    }
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli: DriverCli =
-        DriverCli::parse_for("gpu-test-driver", env!("CARGO_PKG_VERSION"), DRIVER_NAME);
-    match cli.command {
-        DriverCommand::Discover(d) => {
-            init_logging(d.common.log_format, d.common.log_filter())?;
-            let gpus = discover(&SysfsRoot::new(&d.common.sysfs_root))?;
-            let devices: Vec<Device> = gpus.iter().map(Gpu::device).collect();
-            let slices = desired_slices(&d.common.driver_name, &d.common.node_name, None, &devices);
-            print!("{}", render_list(&slices, d.discover.output)?);
-            Ok(())
-        }
-        DriverCommand::Run(r) => {
-            init_logging(r.common.log_format, r.common.log_filter())?;
-            let gpus = discover(&SysfsRoot::new(&r.common.sysfs_root))?;
-            tracing::info!(
-                gpus = gpus.len(),
-                "gpu-test-driver (a TEST stand-in for gpu.nvidia.com) starting"
-            );
-            let devices: Vec<Device> = gpus.iter().map(Gpu::device).collect();
-            // The device set of a fixture never changes: the sender only has
-            // to outlive the runtime.
-            let (tx, rx) = tokio::sync::watch::channel(devices);
-            let driver = GpuTestDriver {
-                dev_root: r.common.dev_root.clone(),
-                gpus: gpus.into_iter().map(|g| (g.name(), g)).collect(),
-            };
-            let options = RuntimeOptions {
-                common: r.common,
-                run: r.run,
-                device_plugin_resources: &["nvidia.com/gpu"],
-                metrics: prometheus::Registry::new(),
-            };
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()?;
-            rt.block_on(async move {
-                let result = runtime::run(driver, rx, options).await;
-                drop(tx);
-                result
-            })?;
-            Ok(())
-        }
-    }
+fn main() -> std::process::ExitCode {
+    dra_core::runner::main::<GpuInventory>(&dra_core::runner::Program {
+        binary: "gpu-test-driver",
+        version: env!("CARGO_PKG_VERSION"),
+        driver_name: DRIVER_NAME,
+        device_plugin_resources: &["nvidia.com/gpu"],
+    })
 }
 
 #[cfg(test)]
@@ -276,11 +261,14 @@ mod tests {
     async fn prepare_gives_the_gpu_node_nvidiactl_and_the_claim_wide_env() {
         let dir = tempfile::tempdir().unwrap();
         let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
-        let gpus = discover(&SysfsRoot::new(&fixture.sys)).unwrap();
-        let driver = GpuTestDriver {
+        let host = HostPaths {
+            sysfs_root: fixture.sys.clone(),
             dev_root: fixture.dev.clone(),
-            gpus: gpus.into_iter().map(|g| (g.name(), g)).collect(),
         };
+        let mut inventory =
+            GpuInventory::open(&host, &NoExtraArgs {}, &prometheus::Registry::new()).unwrap();
+        assert_eq!(inventory.scan().unwrap().len(), 8);
+        let driver = inventory.driver();
         let claim = ClaimRef {
             namespace: "n".into(),
             name: "c".into(),

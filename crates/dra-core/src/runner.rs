@@ -1,0 +1,167 @@
+//! A driver binary's whole life, given its [`DeviceInventory`]: the
+//! command line, logging, the async runtime, the first scan, the rescan
+//! loop, and [`crate::runtime::run`] (kubelet plugin with the health stream,
+//! publisher, ops server). A driver's `main` is one call:
+//!
+//! ```text
+//! fn main() -> std::process::ExitCode {
+//!     dra_core::runner::main::<MyInventory>(&dra_core::runner::Program {
+//!         binary: "my-driver",
+//!         version: env!("CARGO_PKG_VERSION"),
+//!         driver_name: "my.example.com",
+//!         device_plugin_resources: &["example.com/thing"],
+//!     })
+//! }
+//! ```
+//!
+//! `discover` opens the same inventory and runs the same scan as `run`, so
+//! it prints exactly what `run` would publish. Errors go to stderr (logs
+//! too), so `discover`'s stdout is only the List document.
+
+use std::process::ExitCode;
+
+use prometheus::Registry;
+use tokio::sync::mpsc;
+
+use crate::cli::{
+    DiscoverCommand, DriverCli, DriverCommand, LoggingError, RenderError, RunCommand, init_logging,
+    render_list,
+};
+use crate::inventory::DeviceInventory;
+use crate::publish::desired_slices;
+use crate::rescan::{RescanError, RescanMetrics, Rescanner, Trigger, forward_kernel_uevents};
+use crate::runtime::{RuntimeError, run};
+
+/// Threads that run async work; scans and other blocking work get their
+/// own (tokio's blocking pool), so two are plenty for a node agent.
+const WORKER_THREADS: usize = 2;
+
+/// What the binary is.
+#[derive(Debug, Clone, Copy)]
+pub struct Program {
+    /// Binary name (`efa-driver`); also the prefix of the rescan metrics
+    /// (`efa_driver_rescans_total`).
+    pub binary: &'static str,
+    /// `env!("CARGO_PKG_VERSION")` of the driver crate.
+    pub version: &'static str,
+    /// Default `--driver-name`.
+    pub driver_name: &'static str,
+    /// Extended resources the classic device plugin of the same hardware
+    /// advertises; `run` refuses to start beside it.
+    pub device_plugin_resources: &'static [&'static str],
+}
+
+impl Program {
+    fn metrics_prefix(&self) -> String {
+        self.binary.replace('-', "_")
+    }
+}
+
+/// Why a driver process ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Logging(#[from] LoggingError),
+    #[error("starting the async runtime: {0}")]
+    AsyncRuntime(std::io::Error),
+    #[error("registering metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("opening the device inventory: {0}")]
+    Open(E),
+    #[error("first device scan: {0}")]
+    FirstScan(RescanError<E>),
+    #[error(transparent)]
+    Render(#[from] RenderError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// Parses the command line (exiting with usage on a bad one) and runs the
+/// subcommand; errors are printed to stderr with their causes.
+pub fn main<I: DeviceInventory>(program: &Program) -> ExitCode {
+    let cli =
+        DriverCli::<I::Flags>::parse_for(program.binary, program.version, program.driver_name);
+    match execute::<I>(program, cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            let mut message = format!("Error: {error}");
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            eprintln!("{message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs one parsed command line.
+pub fn execute<I: DeviceInventory>(
+    program: &Program,
+    cli: DriverCli<I::Flags>,
+) -> Result<(), RunnerError<I::Error>> {
+    match cli.command {
+        DriverCommand::Discover(cmd) => discover::<I>(cmd),
+        DriverCommand::Run(cmd) => {
+            init_logging(cmd.common.log_format, cmd.common.log_filter())?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(WORKER_THREADS)
+                .enable_all()
+                .build()
+                .map_err(RunnerError::AsyncRuntime)?;
+            runtime.block_on(serve::<I>(program, cmd))
+        }
+    }
+}
+
+fn discover<I: DeviceInventory>(
+    cmd: DiscoverCommand<I::Flags>,
+) -> Result<(), RunnerError<I::Error>> {
+    let common = &cmd.common;
+    init_logging(common.log_format, common.log_filter())?;
+    let mut inventory =
+        I::open(&common.host_paths(), &cmd.extra, &Registry::new()).map_err(RunnerError::Open)?;
+    let scanned = inventory
+        .scan()
+        .map_err(|e| RunnerError::FirstScan(RescanError::Scan(e)))?;
+    let devices: Vec<_> = scanned.into_iter().map(|s| s.device).collect();
+    let slices = desired_slices(&common.driver_name, &common.node_name, None, &devices);
+    print!("{}", render_list(&slices, cmd.discover.output)?);
+    Ok(())
+}
+
+async fn serve<I: DeviceInventory>(
+    program: &Program,
+    cmd: RunCommand<I::Flags>,
+) -> Result<(), RunnerError<I::Error>> {
+    let registry = Registry::new();
+    let metrics = RescanMetrics::register(&registry, &program.metrics_prefix())?;
+    let inventory =
+        I::open(&cmd.common.host_paths(), &cmd.extra, &registry).map_err(RunnerError::Open)?;
+    let rescan = cmd.rescan_config();
+    let (rescanner, feeds) = Rescanner::new(
+        inventory,
+        &cmd.common.node_name,
+        Some(rescan.health_timeout()),
+        Some(metrics),
+    );
+    rescanner
+        .rescan(Trigger::Start)
+        .await
+        .map_err(RunnerError::FirstScan)?;
+    tracing::info!(
+        node = %cmd.common.node_name,
+        driver = %cmd.common.driver_name,
+        devices = feeds.devices.borrow().len(),
+        rescan_interval_seconds = rescan.interval.as_secs(),
+        "discovered devices"
+    );
+    let driver = rescanner.driver();
+    let (trigger_tx, trigger_rx) = mpsc::channel(1);
+    forward_kernel_uevents(I::UEVENT_SUBSYSTEMS, trigger_tx);
+    tokio::spawn(rescanner.run(trigger_rx, rescan));
+    let options = cmd.runtime_options(program.device_plugin_resources, registry);
+    run(driver, feeds, options).await?;
+    Ok(())
+}

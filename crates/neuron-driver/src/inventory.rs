@@ -1,0 +1,86 @@
+//! The Neuron chips of this node as `dra-core` scans them
+//! ([`NeuronInventory`]).
+//!
+//! sysfs does not emit inotify events for class directories, so chips that
+//! appear or disappear (module reload, driver unbind, a chip the kernel
+//! driver takes offline) are found by a rescan, which `dra-core` runs on
+//! uevents of the `pci` and `neuron_device` subsystems and periodically (see
+//! `dra_core::rescan`). A scan reads three small files per chip. A chip's
+//! PCI lookup (an ioctl that opens the chip) is not repeated on rescans: the
+//! [`BdfCache`] keeps it while the chip stays. Each successful scan replaces
+//! the [`SharedInventory`] that prepare reads.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use dra_core::cli::NoExtraArgs;
+use dra_core::{DeviceInventory, HostPaths, ScannedDevice};
+use prometheus::Registry;
+use topology::SysfsRoot;
+
+use crate::attributes::devices;
+use crate::bdf::{BdfSource, NeuronIoctl};
+use crate::discovery::{BdfCache, DiscoveryError, discover};
+use crate::prepare::{NeuronDriver, SharedInventory};
+
+/// Subsystems whose uevents can change the chip set.
+pub const RELEVANT_SUBSYSTEMS: &[&str] = &["pci", "neuron_device"];
+
+/// Everything a scan needs, owned so that it can move to a blocking thread.
+pub struct NeuronInventory {
+    sysfs: SysfsRoot,
+    dev_root: PathBuf,
+    bdf: Box<dyn BdfSource>,
+    cache: BdfCache,
+    shared: SharedInventory,
+}
+
+impl NeuronInventory {
+    /// `bdf` looks chips' PCI addresses up ([`NeuronIoctl`] on a real node).
+    pub fn new(host: &HostPaths, bdf: Box<dyn BdfSource>) -> Self {
+        NeuronInventory {
+            sysfs: SysfsRoot::new(&host.sysfs_root),
+            dev_root: host.dev_root.clone(),
+            bdf,
+            cache: BdfCache::default(),
+            shared: Arc::new(RwLock::new(Default::default())),
+        }
+    }
+
+    /// What the last successful scan found (what prepare works from).
+    pub fn shared(&self) -> &SharedInventory {
+        &self.shared
+    }
+}
+
+impl DeviceInventory for NeuronInventory {
+    type Flags = NoExtraArgs;
+    type Error = DiscoveryError;
+    type Driver = NeuronDriver;
+    const UEVENT_SUBSYSTEMS: &'static [&'static str] = RELEVANT_SUBSYSTEMS;
+
+    fn open(host: &HostPaths, _: &NoExtraArgs, _: &Registry) -> Result<Self, DiscoveryError> {
+        Ok(Self::new(host, Box::new(NeuronIoctl)))
+    }
+
+    /// Every chip, by index, healthy (health signals are not read yet).
+    fn scan(&mut self) -> Result<Vec<ScannedDevice>, DiscoveryError> {
+        let inventory = discover(
+            &self.sysfs,
+            &self.dev_root,
+            self.bdf.as_ref(),
+            &mut self.cache,
+        )?;
+        let scanned = devices(&inventory)
+            .into_iter()
+            .map(ScannedDevice::healthy)
+            .collect();
+        // A poisoned lock only means a reader panicked; the value is whole.
+        *self.shared.write().unwrap_or_else(|e| e.into_inner()) = inventory;
+        Ok(scanned)
+    }
+
+    fn driver(&self) -> NeuronDriver {
+        NeuronDriver::new(self.shared.clone())
+    }
+}
