@@ -602,4 +602,151 @@ mod tests {
             "{err}"
         );
     }
+
+    fn encoded(frames: &[Frame]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in frames {
+            f.encode(&mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn inbound_stream_checks_the_preface_byte_by_byte() {
+        let mut s = InboundStream::new(Rewrite::Authority);
+        assert_eq!(s.push(&PREFACE[..10]).unwrap(), b"");
+        assert!(s.is_mid_frame());
+        assert!(matches!(s.finish(), Err(AdapterError::Truncated(_))));
+        // The first wrong byte is enough: no waiting for 24 bytes.
+        let err = InboundStream::new(Rewrite::Authority)
+            .push(b"GET")
+            .unwrap_err();
+        assert!(matches!(err, AdapterError::BadPreface), "{err}");
+        let mut s = InboundStream::new(Rewrite::PassThrough);
+        assert_eq!(s.push(PREFACE).unwrap(), PREFACE);
+        assert!(!s.is_mid_frame());
+        s.finish().unwrap();
+    }
+
+    #[test]
+    fn inbound_stream_output_does_not_depend_on_how_bytes_arrive() {
+        let mut client = Encoder::new();
+        let block = client.encode(
+            request(PATH_AUTHORITY, b"/a")
+                .iter()
+                .map(|(n, v)| (&n[..], &v[..])),
+        );
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(encoded(&[
+            Frame {
+                frame_type: 0x4,
+                flags: 0,
+                stream: 0,
+                payload: vec![],
+            },
+            Frame {
+                frame_type: TYPE_HEADERS,
+                flags: FLAG_END_HEADERS,
+                stream: 1,
+                payload: block,
+            },
+        ]));
+        let whole = InboundStream::new(Rewrite::Authority).push(&bytes).unwrap();
+        let mut s = InboundStream::new(Rewrite::Authority);
+        let mut bytewise = Vec::new();
+        for b in &bytes {
+            bytewise.extend(s.push(std::slice::from_ref(b)).unwrap());
+        }
+        s.finish().unwrap();
+        assert_eq!(whole, bytewise);
+        let frames = split_frames(&whole[PREFACE.len()..]);
+        let blocks = server_view(&frames, &mut Decoder::new());
+        assert_eq!(blocks[0].1, request(AUTHORITY, b"/a"));
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_from_their_header() {
+        let mut bytes = PREFACE.to_vec();
+        // Only the header of a 16 MiB frame: refused before any payload.
+        bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0x0, 0x0, 0, 0, 0, 1]);
+        for rewrite in [Rewrite::Authority, Rewrite::PassThrough] {
+            let err = InboundStream::new(rewrite).push(&bytes).unwrap_err();
+            assert!(
+                matches!(err, AdapterError::FrameTooLarge { len: 0xff_ffff }),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_lists_that_decode_past_the_limit_are_refused() {
+        // One 4000-byte value in the dynamic table, then a small block
+        // referencing it 40 times: 160 KB decoded from 40 bytes.
+        let mut first = vec![0x40, 5];
+        first.extend_from_slice(b"x-big");
+        let value = vec![b'v'; 4000];
+        let mut len = Vec::new();
+        // The value's length as a 7-bit prefixed integer: 127, then the
+        // remaining 3873 in 7-bit groups.
+        len.push(0x7f);
+        let mut rest = 4000 - 127;
+        while rest >= 128 {
+            len.push((rest % 128) as u8 | 0x80);
+            rest /= 128;
+        }
+        len.push(rest as u8);
+        first.extend_from_slice(&len);
+        first.extend_from_slice(&value);
+        let mut rewriter = HeaderRewriter::new();
+        rewriter
+            .feed(Frame {
+                frame_type: TYPE_HEADERS,
+                flags: FLAG_END_HEADERS,
+                stream: 1,
+                payload: first,
+            })
+            .unwrap();
+        let bomb = vec![0x80 | 62; 40];
+        let err = rewriter
+            .feed(Frame {
+                frame_type: TYPE_HEADERS,
+                flags: FLAG_END_HEADERS,
+                stream: 3,
+                payload: bomb,
+            })
+            .unwrap_err();
+        assert!(
+            matches!(err, AdapterError::HeaderListTooLarge { stream: 3 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn endless_continuations_are_refused() {
+        let mut rewriter = HeaderRewriter::new();
+        rewriter
+            .feed(Frame {
+                frame_type: TYPE_HEADERS,
+                flags: 0,
+                stream: 1,
+                payload: vec![0x82],
+            })
+            .unwrap();
+        let mut result = Ok(Vec::new());
+        for _ in 0..=(MAX_HEADER_LIST / MAX_IN_FRAME) {
+            result = rewriter.feed(Frame {
+                frame_type: TYPE_CONTINUATION,
+                flags: 0,
+                stream: 1,
+                payload: vec![0x82; MAX_IN_FRAME],
+            });
+            if result.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(
+            result,
+            Err(AdapterError::HeaderListTooLarge { stream: 1 })
+        ));
+    }
 }
