@@ -16,6 +16,7 @@ mod e2e;
 #[cfg(test)]
 mod examples;
 mod fixtures;
+mod fuzz;
 mod helm;
 mod image_build;
 mod k8s;
@@ -52,6 +53,8 @@ enum Task {
     Topology(topology::TopologyArgs),
     /// Build the Kubernetes components and run the local end-to-end cluster.
     K8s(k8s::K8sArgs),
+    /// Run the libFuzzer targets of fuzz/ (stable toolchain): `[TARGET] [--time S]`.
+    Fuzz(fuzz::FuzzArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -63,5 +66,6 @@ fn main() -> anyhow::Result<()> {
         Task::Fixtures(args) => fixtures::run(args),
         Task::Topology(args) => topology::run(args),
         Task::K8s(args) => k8s::run(args),
+        Task::Fuzz(args) => fuzz::run(args),
     }
 }

@@ -12,15 +12,15 @@
 //! so both dynamic tables stay consistent. Padding is dropped, priority
 //! fields and END_STREAM are kept. Server-to-client bytes are copied as is.
 //! Limit: it assumes the server's default 4096-byte HPACK table (h2's
-//! default; we never change it).
+//! default; we never change it). [`InboundStream`] is the whole client
+//! side as a push parser with no I/O, so that `connection` can put time
+//! limits around it and the fuzz targets can drive it; frames over
+//! [`MAX_IN_FRAME`] and header lists over [`MAX_HEADER_LIST`] are refused.
 
 use std::io;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use loona_hpack::{Decoder, Encoder};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// The client connection preface (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -34,6 +34,18 @@ const FLAG_PRIORITY: u8 = 0x20;
 /// Every HTTP/2 peer must accept frames of this size (SETTINGS_MAX_FRAME_SIZE
 /// initial value); we never emit larger ones.
 const MAX_OUT_FRAME: usize = 16_384;
+/// The largest frame a client may send: the server never raises
+/// SETTINGS_MAX_FRAME_SIZE above its initial value (neither h2 nor tonic do
+/// by default, and we do not configure it), so anything larger is a
+/// FRAME_SIZE_ERROR the server would refuse anyway; refusing it here keeps
+/// one connection from making us allocate 16 MiB.
+pub const MAX_IN_FRAME: usize = 16_384;
+/// The largest header block (compressed, across CONTINUATION frames) and
+/// decoded header list (RFC 9113 §6.5.2 sizes: name + value + 32 each) we
+/// accept. kubelet's registration calls send a few hundred bytes; without a
+/// bound, endless CONTINUATION frames or one small block that references a
+/// large dynamic-table entry thousands of times would exhaust memory.
+pub const MAX_HEADER_LIST: usize = 64 * 1024;
 /// The authority the server is given instead of the socket path.
 const AUTHORITY: &[u8] = b"localhost";
 
@@ -49,6 +61,14 @@ pub enum AdapterError {
     InterruptedHeaderBlock { frame_type: u8, stream: u32 },
     #[error("HPACK decoding failed: {0:?}")]
     Hpack(loona_hpack::decoder::DecoderError),
+    #[error("frame of {len} bytes is larger than the {MAX_IN_FRAME} the server accepts")]
+    FrameTooLarge { len: usize },
+    #[error("header block on stream {stream} is larger than {MAX_HEADER_LIST} bytes")]
+    HeaderListTooLarge { stream: u32 },
+    #[error("client closed the connection in the middle of a {0}")]
+    Truncated(&'static str),
+    #[error("client stalled in the middle of a {0} for longer than {1:?}")]
+    Stalled(&'static str, std::time::Duration),
 }
 
 /// One HTTP/2 frame as read off the wire.
@@ -107,6 +127,11 @@ impl HeaderRewriter {
         let mut out = Vec::new();
         match (frame.frame_type, self.pending.take()) {
             (TYPE_CONTINUATION, Some(mut block)) if frame.stream == block.stream => {
+                if block.fragment.len() + frame.payload.len() > MAX_HEADER_LIST {
+                    return Err(AdapterError::HeaderListTooLarge {
+                        stream: block.stream,
+                    });
+                }
                 block.fragment.extend_from_slice(&frame.payload);
                 if frame.flags & FLAG_END_HEADERS != 0 {
                     self.emit(block, &mut out)?;
@@ -136,14 +161,31 @@ impl HeaderRewriter {
     }
 
     fn emit(&mut self, block: PendingBlock, out: &mut Vec<u8>) -> Result<(), AdapterError> {
-        let mut headers = self
-            .from_client
-            .decode(&block.fragment)
+        let mut headers: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let mut size = 0usize;
+        let mut too_large = false;
+        self.from_client
+            .decode_with_cb(&block.fragment, |name, value| {
+                // The decoder has to go on to the end to keep its dynamic
+                // table in step, but nothing more is kept once over the limit.
+                size = size.saturating_add(name.len() + value.len() + 32);
+                if size > MAX_HEADER_LIST {
+                    too_large = true;
+                    headers.clear();
+                } else if !too_large {
+                    let value = if name.as_ref() == b":authority" {
+                        AUTHORITY.to_vec()
+                    } else {
+                        value.into_owned()
+                    };
+                    headers.push((name.into_owned(), value));
+                }
+            })
             .map_err(AdapterError::Hpack)?;
-        for (name, value) in headers.iter_mut() {
-            if name.as_slice() == b":authority" {
-                *value = AUTHORITY.to_vec();
-            }
+        if too_large {
+            return Err(AdapterError::HeaderListTooLarge {
+                stream: block.stream,
+            });
         }
         let encoded = self
             .to_server
@@ -222,7 +264,9 @@ fn parse_headers(frame: &Frame) -> Result<PendingBlock, AdapterError> {
     })
 }
 
-/// Reads one frame; `None` on a clean end of stream between frames.
+/// Reads one frame; `None` on a clean end of stream between frames. For
+/// reading a peer that is trusted to be well-behaved (tests, the self
+/// check); connections from outside go through [`InboundStream`].
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Frame>> {
     let mut head = [0u8; 9];
     let mut got = 0;
@@ -248,79 +292,113 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Fr
     }))
 }
 
-async fn rewrite_client_to_server<R, W>(mut r: R, mut w: W) -> Result<(), AdapterError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut preface = [0u8; 24];
-    r.read_exact(&mut preface).await?;
-    if &preface != PREFACE {
-        return Err(AdapterError::BadPreface);
-    }
-    w.write_all(&preface).await?;
-    let mut rewriter = HeaderRewriter::new();
-    while let Some(frame) = read_frame(&mut r).await? {
-        let bytes = rewriter.feed(frame)?;
-        if !bytes.is_empty() {
-            w.write_all(&bytes).await?;
-            w.flush().await?;
+/// What the relay does to the frames a client sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewrite {
+    /// Registration socket: header blocks get `:authority: localhost`.
+    Authority,
+    /// DRA socket: frames are checked for size and completeness only.
+    PassThrough,
+}
+
+/// The client-to-server half of a connection as a push parser: bytes in as
+/// they arrive, bytes for the server out. It never blocks and never
+/// buffers more than one frame, so the caller decides about time (see
+/// `connection`) and the fuzz targets can drive it directly.
+pub struct InboundStream {
+    rewriter: Option<HeaderRewriter>,
+    preface_seen: bool,
+    buf: Vec<u8>,
+}
+
+impl InboundStream {
+    pub fn new(rewrite: Rewrite) -> Self {
+        Self {
+            rewriter: match rewrite {
+                Rewrite::Authority => Some(HeaderRewriter::new()),
+                Rewrite::PassThrough => None,
+            },
+            preface_seen: false,
+            buf: Vec::new(),
         }
     }
-    w.shutdown().await?;
-    Ok(())
-}
 
-/// A registration connection as the HTTP/2 server sees it: the far end of
-/// the adapter.
-pub struct RewrittenConnection(DuplexStream);
-
-/// Puts the adapter between an accepted socket and the server.
-pub fn adapt(socket: UnixStream) -> RewrittenConnection {
-    let (ours, theirs) = tokio::io::duplex(64 * 1024);
-    let (socket_r, mut socket_w) = socket.into_split();
-    let (mut server_r, server_w) = tokio::io::split(ours);
-    tokio::spawn(async move {
-        if let Err(e) = rewrite_client_to_server(socket_r, server_w).await {
-            tracing::warn!(error = %e, "registration connection closed by the :authority adapter");
+    /// Takes the next bytes from the client; returns what to forward. An
+    /// error means the connection must be closed.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<u8>, AdapterError> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        if !self.preface_seen {
+            let n = self.buf.len().min(PREFACE.len());
+            if self.buf[..n] != PREFACE[..n] {
+                return Err(AdapterError::BadPreface);
+            }
+            if n < PREFACE.len() {
+                return Ok(out);
+            }
+            self.preface_seen = true;
+            out.extend_from_slice(PREFACE);
+            self.buf.drain(..PREFACE.len());
         }
-    });
-    tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut server_r, &mut socket_w).await;
-        let _ = socket_w.shutdown().await;
-    });
-    RewrittenConnection(theirs)
+        let mut used = 0;
+        while let Some((frame, len)) = parse_frame(&self.buf[used..])? {
+            used += len;
+            match &mut self.rewriter {
+                Some(rewriter) => out.extend(rewriter.feed(frame)?),
+                None => frame.encode(&mut out),
+            }
+        }
+        self.buf.drain(..used);
+        Ok(out)
+    }
+
+    /// Whether the client is in the middle of something (preface, frame or
+    /// header block) that the server cannot act on until it is complete.
+    pub fn is_mid_frame(&self) -> bool {
+        !self.buf.is_empty() || self.rewriter.as_ref().is_some_and(|r| r.pending.is_some())
+    }
+
+    /// The client closed its side: fine between frames, an error otherwise.
+    pub fn finish(&self) -> Result<(), AdapterError> {
+        if !self.preface_seen {
+            Err(AdapterError::Truncated("connection preface"))
+        } else if !self.buf.is_empty() {
+            Err(AdapterError::Truncated("frame"))
+        } else if self.is_mid_frame() {
+            Err(AdapterError::Truncated("header block"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the connection preface has been seen whole.
+    pub fn preface_seen(&self) -> bool {
+        self.preface_seen
+    }
 }
 
-impl AsyncRead for RewrittenConnection {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+/// One complete frame from the front of `buf` and its encoded length;
+/// `None` if `buf` holds only part of one.
+pub fn parse_frame(buf: &[u8]) -> Result<Option<(Frame, usize)>, AdapterError> {
+    let Some(head) = buf.get(..9) else {
+        return Ok(None);
+    };
+    let len = (usize::from(head[0]) << 16) | (usize::from(head[1]) << 8) | usize::from(head[2]);
+    if len > MAX_IN_FRAME {
+        return Err(AdapterError::FrameTooLarge { len });
     }
-}
-
-impl AsyncWrite for RewrittenConnection {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-impl tonic::transport::server::Connected for RewrittenConnection {
-    type ConnectInfo = ();
-    fn connect_info(&self) -> Self::ConnectInfo {}
+    let Some(payload) = buf.get(9..9 + len) else {
+        return Ok(None);
+    };
+    Ok(Some((
+        Frame {
+            frame_type: head[3],
+            flags: head[4],
+            stream: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
+            payload: payload.to_vec(),
+        },
+        9 + len,
+    )))
 }
 
 #[cfg(test)]
@@ -523,5 +601,152 @@ mod tests {
             matches!(err, AdapterError::MalformedHeaders { .. }),
             "{err}"
         );
+    }
+
+    fn encoded(frames: &[Frame]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for f in frames {
+            f.encode(&mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn inbound_stream_checks_the_preface_byte_by_byte() {
+        let mut s = InboundStream::new(Rewrite::Authority);
+        assert_eq!(s.push(&PREFACE[..10]).unwrap(), b"");
+        assert!(s.is_mid_frame());
+        assert!(matches!(s.finish(), Err(AdapterError::Truncated(_))));
+        // The first wrong byte is enough: no waiting for 24 bytes.
+        let err = InboundStream::new(Rewrite::Authority)
+            .push(b"GET")
+            .unwrap_err();
+        assert!(matches!(err, AdapterError::BadPreface), "{err}");
+        let mut s = InboundStream::new(Rewrite::PassThrough);
+        assert_eq!(s.push(PREFACE).unwrap(), PREFACE);
+        assert!(!s.is_mid_frame());
+        s.finish().unwrap();
+    }
+
+    #[test]
+    fn inbound_stream_output_does_not_depend_on_how_bytes_arrive() {
+        let mut client = Encoder::new();
+        let block = client.encode(
+            request(PATH_AUTHORITY, b"/a")
+                .iter()
+                .map(|(n, v)| (&n[..], &v[..])),
+        );
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(encoded(&[
+            Frame {
+                frame_type: 0x4,
+                flags: 0,
+                stream: 0,
+                payload: vec![],
+            },
+            Frame {
+                frame_type: TYPE_HEADERS,
+                flags: FLAG_END_HEADERS,
+                stream: 1,
+                payload: block,
+            },
+        ]));
+        let whole = InboundStream::new(Rewrite::Authority).push(&bytes).unwrap();
+        let mut s = InboundStream::new(Rewrite::Authority);
+        let mut bytewise = Vec::new();
+        for b in &bytes {
+            bytewise.extend(s.push(std::slice::from_ref(b)).unwrap());
+        }
+        s.finish().unwrap();
+        assert_eq!(whole, bytewise);
+        let frames = split_frames(&whole[PREFACE.len()..]);
+        let blocks = server_view(&frames, &mut Decoder::new());
+        assert_eq!(blocks[0].1, request(AUTHORITY, b"/a"));
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_from_their_header() {
+        let mut bytes = PREFACE.to_vec();
+        // Only the header of a 16 MiB frame: refused before any payload.
+        bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0x0, 0x0, 0, 0, 0, 1]);
+        for rewrite in [Rewrite::Authority, Rewrite::PassThrough] {
+            let err = InboundStream::new(rewrite).push(&bytes).unwrap_err();
+            assert!(
+                matches!(err, AdapterError::FrameTooLarge { len: 0xff_ffff }),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn header_lists_that_decode_past_the_limit_are_refused() {
+        // One 4000-byte value in the dynamic table, then a small block
+        // referencing it 40 times: 160 KB decoded from 40 bytes.
+        let mut first = vec![0x40, 5];
+        first.extend_from_slice(b"x-big");
+        let value = vec![b'v'; 4000];
+        let mut len = Vec::new();
+        // The value's length as a 7-bit prefixed integer: 127, then the
+        // remaining 3873 in 7-bit groups.
+        len.push(0x7f);
+        let mut rest = 4000 - 127;
+        while rest >= 128 {
+            len.push((rest % 128) as u8 | 0x80);
+            rest /= 128;
+        }
+        len.push(rest as u8);
+        first.extend_from_slice(&len);
+        first.extend_from_slice(&value);
+        let mut rewriter = HeaderRewriter::new();
+        rewriter
+            .feed(Frame {
+                frame_type: TYPE_HEADERS,
+                flags: FLAG_END_HEADERS,
+                stream: 1,
+                payload: first,
+            })
+            .unwrap();
+        let bomb = vec![0x80 | 62; 40];
+        let err = rewriter
+            .feed(Frame {
+                frame_type: TYPE_HEADERS,
+                flags: FLAG_END_HEADERS,
+                stream: 3,
+                payload: bomb,
+            })
+            .unwrap_err();
+        assert!(
+            matches!(err, AdapterError::HeaderListTooLarge { stream: 3 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn endless_continuations_are_refused() {
+        let mut rewriter = HeaderRewriter::new();
+        rewriter
+            .feed(Frame {
+                frame_type: TYPE_HEADERS,
+                flags: 0,
+                stream: 1,
+                payload: vec![0x82],
+            })
+            .unwrap();
+        let mut result = Ok(Vec::new());
+        for _ in 0..=(MAX_HEADER_LIST / MAX_IN_FRAME) {
+            result = rewriter.feed(Frame {
+                frame_type: TYPE_CONTINUATION,
+                flags: 0,
+                stream: 1,
+                payload: vec![0x82; MAX_IN_FRAME],
+            });
+            if result.is_err() {
+                break;
+            }
+        }
+        assert!(matches!(
+            result,
+            Err(AdapterError::HeaderListTooLarge { stream: 1 })
+        ));
     }
 }

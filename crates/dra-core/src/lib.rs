@@ -24,6 +24,7 @@ pub mod checkpoint;
 pub mod claims;
 pub mod cli;
 pub mod config;
+pub mod connection;
 pub mod driver;
 pub mod health;
 pub mod inventory;

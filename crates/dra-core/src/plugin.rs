@@ -7,24 +7,28 @@
 //! plugin data directory `<plugins-dir>/<driver>/` holds the checkpoint and
 //! the cross-process lock. Stale sockets are removed before binding, and both
 //! sockets are removed on shutdown (the registration socket going away is how
-//! kubelet learns the plugin is gone). Registration connections go through
-//! the `:authority` adapter (see `authority`).
+//! kubelet learns the plugin is gone). Every accepted connection goes
+//! through a relay (see `connection`) that closes it when the client goes
+//! away, misbehaves or stalls; registration connections also get their
+//! `:authority` rewritten (see `authority`). Shutdown is bounded: open
+//! connections get `connections.shutdown_grace`, then are cut.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::atomic::remove_if_exists;
-use crate::authority::{RewrittenConnection, adapt};
+use crate::authority::Rewrite;
 use crate::cdi::CdiWriter;
 use crate::checkpoint::CheckpointStore;
 use crate::claims::ClaimSource;
+use crate::connection::{ConnectionLimits, relayed_connections};
 use crate::driver::{ClaimRef, Driver};
 use crate::health::{DeviceHealthStatus, HealthService};
 use crate::lock::DataDirLock;
@@ -49,6 +53,8 @@ pub struct PluginOptions {
     pub pod_uid: Option<String>,
     /// default `/proc/sys/kernel/random/boot_id`.
     pub boot_id_path: PathBuf,
+    /// Time limits of every accepted connection, shutdown grace included.
+    pub connections: ConnectionLimits,
 }
 
 impl PluginOptions {
@@ -62,6 +68,7 @@ impl PluginOptions {
             cdi_root: PathBuf::from("/var/run/cdi"),
             pod_uid: None,
             boot_id_path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+            connections: ConnectionLimits::default(),
         }
     }
 
@@ -262,16 +269,29 @@ impl<D: Driver> KubeletPlugin<D> {
             "kubelet plugin sockets listening"
         );
 
+        let limits = self.options.connections;
         let plugin_path = sockets.plugin.clone();
         let plugin_server = plugin_router.serve_with_incoming_shutdown(
-            UnixListenerStream::new(plugin_listener),
+            relayed_connections(
+                plugin_listener,
+                "dra",
+                Rewrite::PassThrough,
+                limits,
+                shutdown.clone(),
+            ),
             shutdown.clone().cancelled_owned(),
         );
         let reg_path = sockets.registration.clone();
         let reg_server = tonic::transport::Server::builder()
             .add_service(registration)
             .serve_with_incoming_shutdown(
-                adapted_connections(reg_listener, shutdown.clone()),
+                relayed_connections(
+                    reg_listener,
+                    "registration",
+                    Rewrite::Authority,
+                    limits,
+                    shutdown.clone(),
+                ),
                 shutdown.clone().cancelled_owned(),
             );
         let task = tokio::spawn(async move {
@@ -284,11 +304,33 @@ impl<D: Driver> KubeletPlugin<D> {
                     let _ = remove_if_exists(&reg_path);
                 }
             };
-            let (plugin_result, reg_result, ()) =
-                tokio::join!(plugin_server, reg_server, early_unregister);
+            // The relays cut every connection `shutdown_grace` after
+            // shutdown; the servers then finish at once. The bound is a
+            // second line of defence so that SIGTERM always completes.
+            let servers = async { tokio::join!(plugin_server, reg_server) };
+            let bound = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(limits.shutdown_grace + SERVER_EXIT_MARGIN).await;
+            };
+            let (servers, ()) = tokio::join!(
+                async {
+                    tokio::select! {
+                        results = servers => Some(results),
+                        () = bound => None,
+                    }
+                },
+                early_unregister
+            );
             let _ = remove_if_exists(&reg_path);
             let _ = remove_if_exists(&plugin_path);
             tracing::info!("kubelet plugin sockets removed");
+            let Some((plugin_result, reg_result)) = servers else {
+                tracing::error!(
+                    grace = ?limits.shutdown_grace,
+                    "gRPC servers still busy after the shutdown grace; left behind"
+                );
+                return Ok(());
+            };
             plugin_result.map_err(|source| PluginError::Serve {
                 path: plugin_path,
                 source,
@@ -302,32 +344,9 @@ impl<D: Driver> KubeletPlugin<D> {
     }
 }
 
-/// Accepts registration connections and wraps each in the adapter.
-fn adapted_connections(
-    listener: UnixListener,
-    shutdown: CancellationToken,
-) -> ReceiverStream<Result<RewrittenConnection, std::io::Error>> {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                accepted = listener.accept() => match accepted {
-                    Ok((socket, _)) => {
-                        if tx.send(Ok(adapt(socket))).await.is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting a registration connection failed");
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    }
-                },
-            }
-        }
-    });
-    ReceiverStream::new(rx)
-}
+/// How long after the connections' shutdown grace the servers may take to
+/// notice that their connections are gone.
+const SERVER_EXIT_MARGIN: Duration = Duration::from_millis(500);
 
 struct RegistrationService {
     info: reg::PluginInfo,

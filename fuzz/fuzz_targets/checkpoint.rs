@@ -1,0 +1,56 @@
+//! Checkpoint loading from whatever is in the file (a torn write, another
+//! version, a hand edit): never a panic; a file that is not a checkpoint of
+//! this boot loads as empty, and a corrupt one is moved aside.
+#![no_main]
+
+use std::path::{Component, Path};
+use std::sync::OnceLock;
+
+use dra_core::checkpoint::{Checkpoint, CheckpointStore};
+use dra_core::metrics::PluginMetrics;
+use libfuzzer_sys::fuzz_target;
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    store: CheckpointStore,
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir for the fuzz checkpoint");
+        let boot_id = dir.path().join("boot_id");
+        std::fs::write(&boot_id, "boot-1\n").expect("boot id");
+        let metrics = PluginMetrics::register(&prometheus::Registry::new()).expect("metrics");
+        let store = CheckpointStore::new(dir.path(), boot_id, metrics);
+        Fixture { dir, store }
+    })
+}
+
+fn outside(path: &Path, dir: &Path) -> bool {
+    !path.starts_with(dir) || path.components().any(|c| c == Component::ParentDir)
+}
+
+fuzz_target!(|data: &[u8]| {
+    let f = fixture();
+    // A checkpoint from another boot makes `load` remove the CDI specs it
+    // names: never let the fuzzer name files outside its own directory.
+    if let Ok(checkpoint) = serde_json::from_slice::<Checkpoint>(data)
+        && checkpoint
+            .claims
+            .values()
+            .any(|c| outside(&c.cdi_spec_path, f.dir.path()))
+    {
+        return;
+    }
+    std::fs::write(f.store.path(), data).expect("writing the checkpoint");
+    let loaded = f.store.load().expect("loading never fails on content");
+    assert!(loaded.boot_id == "boot-1");
+    // Leave the directory as it was: corrupt files moved aside pile up.
+    for entry in std::fs::read_dir(f.dir.path()).expect("listing the data dir") {
+        let path = entry.expect("dir entry").path();
+        if path.to_string_lossy().contains(".corrupt-") {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+});
