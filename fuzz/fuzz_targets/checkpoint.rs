@@ -22,7 +22,7 @@ fn fixture() -> &'static Fixture {
         let boot_id = dir.path().join("boot_id");
         std::fs::write(&boot_id, "boot-1\n").expect("boot id");
         let metrics = PluginMetrics::register(&prometheus::Registry::new()).expect("metrics");
-        let store = CheckpointStore::new(dir.path(), boot_id, metrics);
+        let store = CheckpointStore::new(dir.path(), boot_id, dir.path().to_path_buf(), metrics);
         Fixture { dir, store }
     })
 }

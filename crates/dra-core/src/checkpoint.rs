@@ -66,16 +66,34 @@ pub enum CheckpointError {
 pub struct CheckpointStore {
     path: PathBuf,
     boot_id_path: PathBuf,
+    /// The only directory whose files a stale checkpoint may have removed.
+    cdi_root: PathBuf,
     metrics: PluginMetrics,
 }
 
 impl CheckpointStore {
-    pub fn new(data_dir: &Path, boot_id_path: PathBuf, metrics: PluginMetrics) -> Self {
+    /// `cdi_root`: where this driver writes its CDI specs; after a reboot,
+    /// only spec paths under it are removed, whatever the checkpoint says.
+    pub fn new(
+        data_dir: &Path,
+        boot_id_path: PathBuf,
+        cdi_root: PathBuf,
+        metrics: PluginMetrics,
+    ) -> Self {
         Self {
             path: data_dir.join("checkpoint.json"),
             boot_id_path,
+            cdi_root,
             metrics,
         }
+    }
+
+    /// Whether `path` lies in the CDI root (lexically: under it, no `..`).
+    fn is_ours(&self, path: &Path) -> bool {
+        path.starts_with(&self.cdi_root)
+            && !path
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
     }
 
     pub fn path(&self) -> &Path {
@@ -146,6 +164,17 @@ impl CheckpointStore {
                 "node rebooted since the checkpoint was written; forgetting prepared claims"
             );
             for claim in checkpoint.claims.values() {
+                // A checkpoint is a file on the node: never let one that was
+                // tampered with (or written for another CDI root) make the
+                // driver delete files elsewhere.
+                if !self.is_ours(&claim.cdi_spec_path) {
+                    tracing::warn!(
+                        path = %claim.cdi_spec_path.display(),
+                        cdi_root = %self.cdi_root.display(),
+                        "stale checkpoint names a CDI spec outside the CDI root; not removing it"
+                    );
+                    continue;
+                }
                 if let Err(e) = remove_if_exists(&claim.cdi_spec_path) {
                     tracing::warn!(path = %claim.cdi_spec_path.display(), error = %e, "cannot remove stale CDI spec");
                 }
@@ -190,7 +219,10 @@ mod tests {
         std::fs::write(&boot_path, format!("{boot}\n")).unwrap();
         let registry = prometheus::Registry::new();
         let metrics = PluginMetrics::register(&registry).unwrap();
-        (CheckpointStore::new(dir, boot_path, metrics), registry)
+        (
+            CheckpointStore::new(dir, boot_path, dir.join("cdi"), metrics),
+            registry,
+        )
     }
 
     fn sample(spec: PathBuf) -> PreparedClaim {
@@ -221,10 +253,39 @@ mod tests {
     }
 
     #[test]
+    fn boot_id_change_removes_only_specs_under_the_cdi_root() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
+        let (s, _) = store(dir.path(), "boot-a");
+        let victims = [
+            dir.path().join("elsewhere.json"),
+            dir.path().join("cdi/../escaped.json"),
+        ];
+        let mut c = s.load().unwrap();
+        for (i, v) in victims.iter().enumerate() {
+            std::fs::write(dir.path().join(v.file_name().unwrap()), "keep").unwrap();
+            c.claims.insert(format!("uid-{i}"), sample(v.clone()));
+        }
+        s.save(&c).unwrap();
+        let (s2, _) = store(dir.path(), "boot-b");
+        assert!(s2.load().unwrap().claims.is_empty());
+        for v in &victims {
+            let on_disk = dir.path().join(v.file_name().unwrap());
+            assert_eq!(
+                std::fs::read_to_string(&on_disk).unwrap(),
+                "keep",
+                "{}",
+                v.display()
+            );
+        }
+    }
+
+    #[test]
     fn boot_id_change_forgets_claims_and_their_specs() {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
         let (s, _) = store(dir.path(), "boot-a");
-        let spec = dir.path().join("spec.json");
+        let spec = dir.path().join("cdi/spec.json");
         std::fs::write(&spec, "{}").unwrap();
         let mut c = s.load().unwrap();
         c.claims.insert("uid".into(), sample(spec.clone()));

@@ -218,6 +218,7 @@ impl<D: Driver> KubeletPlugin<D> {
             checkpoint: CheckpointStore::new(
                 &sockets.data_dir,
                 self.options.boot_id_path.clone(),
+                self.options.cdi_root.clone(),
                 self.metrics.clone(),
             ),
             lock: DataDirLock::new(&sockets.data_dir),
