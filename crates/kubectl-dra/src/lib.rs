@@ -8,3 +8,9 @@
 //! builds the device table.
 
 pub mod cel;
+pub mod devices;
+pub mod explain;
+pub mod inventory;
+pub mod online;
+pub mod render;
+pub mod world;
