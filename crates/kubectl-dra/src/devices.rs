@@ -53,7 +53,21 @@ pub fn rows(world: &World, filter: &Filter) -> Vec<DeviceRow> {
             numa_node: d
                 .attribute("resource.kubernetes.io/numaNode")
                 .map(|v| v.plain()),
-            claims: world.holders.get(&d.id).cloned().unwrap_or_default(),
+            claims: world
+                .holders
+                .get(&d.id)
+                .into_iter()
+                .flatten()
+                .cloned()
+                .chain(
+                    world
+                        .admin_holders
+                        .get(&d.id)
+                        .into_iter()
+                        .flatten()
+                        .map(|c| format!("{c} (admin)")),
+                )
+                .collect(),
             taints: d
                 .device
                 .taints

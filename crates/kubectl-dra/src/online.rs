@@ -82,6 +82,11 @@ pub async fn fetch(
         slices: list(Api::<ResourceSlice>::all(client.clone()), "ResourceSlices").await?,
         classes: list(Api::<DeviceClass>::all(client.clone()), "DeviceClasses").await?,
         claims: list(Api::<ResourceClaim>::all(client.clone()), "ResourceClaims").await?,
+        nodes: list(
+            Api::<k8s_openapi::api::core::v1::Node>::all(client.clone()),
+            "Nodes",
+        )
+        .await?,
         templates: list(
             Api::<ResourceClaimTemplate>::namespaced(client.clone(), namespace),
             "ResourceClaimTemplates",

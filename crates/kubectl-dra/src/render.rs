@@ -48,7 +48,7 @@ pub fn explanation(e: &Explanation) -> String {
             );
         }
         for g in &r.rejected {
-            let _ = writeln!(out, "    rejected: {}", g.reason);
+            let _ = writeln!(out, "    rejected ({}): {}", g.count, g.reason);
             for d in &g.devices {
                 let _ = writeln!(out, "      {d}");
             }
@@ -65,7 +65,7 @@ pub fn explanation(e: &Explanation) -> String {
             let counts: Vec<String> = row
                 .counts
                 .iter()
-                .map(|(r, (have, need))| format!("{r} {have}/{need}"))
+                .map(|(r, count)| format!("{r} {count}"))
                 .collect();
             let _ = writeln!(
                 out,

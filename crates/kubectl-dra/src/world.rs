@@ -119,6 +119,9 @@ pub struct World<'a> {
     pub devices: Vec<PublishedDevice<'a>>,
     /// Device → claims (namespace/name) whose allocation holds it.
     pub holders: HashMap<DeviceId, Vec<String>>,
+    /// Device → claims allocated with admin access (they hold nothing:
+    /// the scheduler lets other claims have the device too).
+    pub admin_holders: HashMap<DeviceId, Vec<String>>,
     /// What is left of each shared counter after every allocated claim.
     pub counters_left: HashMap<CounterKey, Quantity>,
     pub inventory: &'a Inventory,
@@ -197,6 +200,7 @@ impl<'a> World<'a> {
             }
         }
         let mut holders: HashMap<DeviceId, Vec<String>> = HashMap::new();
+        let mut admin_holders: HashMap<DeviceId, Vec<String>> = HashMap::new();
         let by_id: HashMap<&DeviceId, usize> = devices
             .iter()
             .enumerate()
@@ -224,7 +228,12 @@ impl<'a> World<'a> {
                         consumed.push(((id.driver.clone(), id.pool.clone(), set, counter), q));
                     }
                 }
-                holders.entry(id).or_default().push(claim_key(claim));
+                let by = if result.admin_access == Some(true) {
+                    &mut admin_holders
+                } else {
+                    &mut holders
+                };
+                by.entry(id).or_default().push(claim_key(claim));
             }
         }
         for (key, q) in consumed {
@@ -238,6 +247,7 @@ impl<'a> World<'a> {
             env: Environment::new(),
             devices,
             holders,
+            admin_holders,
             counters_left,
             inventory,
         }

@@ -37,6 +37,7 @@ pub enum Allocatable {
 #[serde(rename_all = "camelCase")]
 pub struct RejectedGroup {
     pub reason: String,
+    pub count: usize,
     pub devices: Vec<String>,
 }
 
@@ -64,9 +65,36 @@ pub struct RequestReport {
 pub struct ValueRow {
     pub node: String,
     pub value: String,
-    /// request → (have, need)
-    pub counts: BTreeMap<String, (usize, String)>,
+    /// request → how many it has with this value, against what it needs
+    pub counts: BTreeMap<String, ValueCount>,
     pub satisfies_all: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ValueCount {
+    pub have: usize,
+    pub need: usize,
+    /// The request is `allocationMode: All`: `need` is every matching device.
+    pub all: bool,
+}
+
+impl ValueCount {
+    pub fn short(&self) -> bool {
+        self.have < self.need
+    }
+}
+
+impl std::fmt::Display for ValueCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}{}",
+            self.have,
+            self.need,
+            if self.all { " (all)" } else { "" }
+        )
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -105,6 +133,30 @@ pub struct Explanation {
 pub struct Scope {
     /// Only this node (the pod is bound to it, or `--node`).
     pub node: Option<String>,
+    /// Only these nodes (the pod's nodeSelector), when known.
+    pub allowed: Option<Vec<String>>,
+}
+
+impl Scope {
+    pub fn permits(&self, node: &str) -> bool {
+        self.node.as_deref().is_none_or(|n| n == node)
+            && self
+                .allowed
+                .as_ref()
+                .is_none_or(|a| a.iter().any(|x| x == node))
+    }
+
+    /// How the report names the restriction.
+    pub fn describe(&self) -> Option<String> {
+        match (&self.node, &self.allowed) {
+            (Some(n), _) => Some(format!("node {n}")),
+            (None, Some(a)) => Some(format!(
+                "the nodes its nodeSelector matches ({})",
+                a.join(", ")
+            )),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Explains one claim (or a claim-to-be from a template).
@@ -131,7 +183,11 @@ pub fn explain(world: &World, subject: &Subject, scope: &Scope) -> Explanation {
         .unwrap_or_default();
     let nodes: Vec<&str> = match &scope.node {
         Some(n) => vec![n.as_str()],
-        None => world.nodes(),
+        None => world
+            .nodes()
+            .into_iter()
+            .filter(|n| scope.permits(n))
+            .collect(),
     };
     let outcome = solve::solve_all(world, &plans, &evaluations, &constraints, &nodes);
     let requests: Vec<RequestReport> = plans
@@ -174,9 +230,8 @@ fn verdict(
     scope: &Scope,
 ) -> (Allocatable, String, Vec<String>) {
     let where_ = scope
-        .node
-        .as_deref()
-        .map(|n| format!(" on node {n}"))
+        .describe()
+        .map(|d| format!(" on {d}"))
         .unwrap_or_default();
     if plans.is_empty() {
         return (
@@ -185,7 +240,7 @@ fn verdict(
             vec![],
         );
     }
-    if !outcome.fits.is_empty() {
+    if outcome.runtime_error.is_none() && outcome.unknown.is_none() && !outcome.fits.is_empty() {
         let n = outcome.fits.len();
         let first = outcome
             .fits
@@ -220,7 +275,9 @@ fn verdict(
     if let Some(why) = &outcome.runtime_error {
         return (
             Allocatable::No,
-            format!("Not allocatable{where_}: {why}; the scheduler stops at this error."),
+            format!(
+                "Not allocatable{where_}: {why}; a CEL runtime error fails the scheduler's whole attempt for the pod, on every node (an ExactCount request meets it only if the scheduler reaches that device before it has enough)."
+            ),
             vec!["Guard attribute reads with has(...) or the optional syntax `.?name.orValue(default)`, and check the types the attributes have (`kubectl dra devices -o yaml`).".to_string()],
         );
     }
@@ -236,11 +293,15 @@ fn verdict(
         if *alone {
             continue;
         }
-        let main = report
-            .rejected
-            .iter()
-            .max_by_key(|g| g.devices.len())
-            .map(|g| g.reason.clone());
+        let main = (!report.rejected.is_empty()).then(|| {
+            report
+                .rejected
+                .iter()
+                .take(3)
+                .map(|g| format!("{} device(s): {}", g.count, g.reason))
+                .collect::<Vec<_>>()
+                .join("; ")
+        });
         let (have, best) = report
             .best_node
             .clone()
@@ -290,10 +351,19 @@ fn verdict(
             let short: Vec<String> = row
                 .counts
                 .iter()
-                .filter(|(_, (have, need))| {
-                    need.parse::<usize>().is_ok_and(|n| *have < n) || need == "all" && *have == 0
+                .filter(|(_, count)| count.short())
+                .map(|(r, count)| {
+                    format!(
+                        "request {r:?} has {} of {}{}",
+                        count.have,
+                        count.need,
+                        if count.all {
+                            " (all matching devices)"
+                        } else {
+                            ""
+                        }
+                    )
                 })
-                .map(|(r, (have, need))| format!("request {r:?} has {have} of {need}"))
                 .collect();
             format!(
                 "; closest: node {} with {} = {}, where {}",
@@ -301,7 +371,7 @@ fn verdict(
                 c.attribute,
                 row.value,
                 if short.is_empty() {
-                    "the devices overlap".to_string()
+                    "the requests compete for the same devices".to_string()
                 } else {
                     short.join(" and ")
                 }
@@ -339,11 +409,16 @@ fn verdict(
 fn constraint_advice(c: &ConstraintReport) -> Vec<String> {
     let mut advice = Vec::new();
     if let Some(row) = c.rows.first() {
-        for (request, (have, need)) in &row.counts {
-            if need.parse::<usize>().is_ok_and(|n| *have < n) && *have > 0 {
+        for (request, count) in &row.counts {
+            if count.all && count.short() {
                 advice.push(format!(
-                    "Lower the count of request {request:?} to {have}: that is what one {} group holds on node {}.",
-                    c.attribute, row.node
+                    "Request {request:?} takes all matching devices, and they span several {} values: narrow its selectors to one value (for example {}) or ask for a count instead.",
+                    c.attribute, row.value
+                ));
+            } else if count.short() && count.have > 0 {
+                advice.push(format!(
+                    "Lower the count of request {request:?} to {}: that is what one {} group holds on node {}.",
+                    count.have, c.attribute, row.node
                 ));
             }
         }

@@ -129,7 +129,7 @@ impl Rejection {
         match self {
             Rejection::PoolIncomplete(why) => why.clone(),
             Rejection::OtherNode { node, wanted } => {
-                format!("on node {node}, but the pod is bound to node {wanted}")
+                format!("on node {node}, but the pod may only run on {wanted}")
             }
             Rejection::ClassSelector {
                 index,
@@ -266,14 +266,14 @@ pub fn check_device(
         }
     }
     // Selected. Now: node, free, taints, counters.
-    if let (Some(wanted), Some(node)) = (&scope.node, device.node)
-        && node != wanted
+    if let Some(node) = device.node
+        && !scope.permits(node)
     {
         return (
             true,
             Some(Rejection::OtherNode {
                 node: node.to_string(),
-                wanted: wanted.clone(),
+                wanted: scope.describe().unwrap_or_default(),
             }),
         );
     }
@@ -436,10 +436,11 @@ pub fn report(world: &World, spec: &RequestSpec, eval: &Evaluation) -> RequestRe
         .into_iter()
         .map(|(r, devices)| RejectedGroup {
             reason: r.describe(&spec.class),
+            count: devices.len(),
             devices: short_list(world, &devices),
         })
         .collect();
-    rejected.sort_by_key(|g| std::cmp::Reverse(g.devices.len()));
+    rejected.sort_by_key(|g| std::cmp::Reverse(g.count));
     RequestReport {
         name: spec.name.clone(),
         device_class: spec.class.clone(),
@@ -477,7 +478,7 @@ pub fn advice_for(reason: &str, report: &RequestReport) -> String {
     } else if reason.starts_with("not enough counters") {
         "Other partitions of the same physical device use its counters: free them or ask for a smaller partition.".to_string()
     } else if reason.starts_with("on node") {
-        "The pod is bound to another node; recreate it without that node binding.".to_string()
+        "The pod may only run on other nodes (nodeName or nodeSelector): change that, or make the devices available there.".to_string()
     } else {
         format!("Wait for the driver to finish publishing ({reason}).")
     }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::resource::v1::DeviceConstraint;
 
 use super::request::{Evaluation, Mode, RequestSpec};
-use super::{ChosenDevice, ConstraintReport, ValueRow};
+use super::{ChosenDevice, ConstraintReport, ValueCount, ValueRow};
 use crate::cel::Quantity;
 use crate::world::{AttributeValue, CounterKey, World};
 
@@ -58,6 +58,8 @@ struct AltIndex<'a> {
     selected: ByNode<'a>,
     errors: ByNode<'a>,
     unsupported: ByNode<'a>,
+    /// What went wrong on each device of `errors` and `unsupported`.
+    why: HashMap<usize, String>,
 }
 
 fn applies(c: &DeviceConstraint, spec: &RequestSpec) -> bool {
@@ -250,14 +252,16 @@ fn node_result(
             if let Some(&i) = a.errors.scope(node).first() {
                 let d = &world.devices[i];
                 return NodeResult::RuntimeError(format!(
-                    "a selector fails at run time on device {} of node {node}",
-                    d.id
+                    "a selector fails at run time on device {} of node {node} ({})",
+                    d.id,
+                    a.why.get(&i).map_or("", String::as_str)
                 ));
             }
             if let Some(&i) = a.unsupported.scope(node).first() {
                 unsupported = Some(format!(
-                    "a selector cannot be evaluated by kubectl-dra on device {}",
-                    world.devices[i].id
+                    "a selector cannot be evaluated by kubectl-dra on device {} ({})",
+                    world.devices[i].id,
+                    a.why.get(&i).map_or("", String::as_str)
                 ));
             }
         }
@@ -352,22 +356,18 @@ fn node_result(
         values: vec![None; problem.constraints.len()],
         counters: HashMap::new(),
     };
+    // A selector we cannot evaluate might be a runtime error in the scheduler,
+    // which would stop it: no verdict for this node either way.
+    if let Some(why) = unsupported {
+        return NodeResult::Unknown(why);
+    }
     if search.assign(&problem, 0) {
-        // A Count request may have picked around a device we cannot judge: still fine.
-        let all_mode_unknown =
-            unsupported.is_some() && plans.iter().flatten().any(|s| s.mode == Mode::All);
-        if all_mode_unknown {
-            return NodeResult::Unknown(unsupported.unwrap_or_default());
-        }
         return NodeResult::Fits(search.chosen);
     }
     if search.steps >= BUDGET {
         return NodeResult::Unknown(format!("the search on node {node} ran past {BUDGET} steps"));
     }
-    match unsupported {
-        Some(why) => NodeResult::Unknown(why),
-        None => NodeResult::No,
-    }
+    NodeResult::No
 }
 
 enum NodeResult {
@@ -387,6 +387,12 @@ fn build_index<'a>(world: &World<'a>, evaluations: &[Vec<Evaluation>]) -> Vec<Ve
                     selected: ByNode::new(world, e.selected.iter().copied()),
                     errors: ByNode::new(world, e.runtime_errors.iter().map(|(i, _)| *i)),
                     unsupported: ByNode::new(world, e.unsupported.iter().map(|(i, _)| *i)),
+                    why: e
+                        .runtime_errors
+                        .iter()
+                        .chain(&e.unsupported)
+                        .cloned()
+                        .collect(),
                 })
                 .collect()
         })
@@ -442,11 +448,10 @@ pub fn solve_all(
             }
         }
     }
-    if !outcome.fits.is_empty() {
-        // Other nodes' errors do not stop the scheduler from using a node that fits.
-        outcome.runtime_error = None;
-        outcome.unknown = None;
-    }
+    // A CEL runtime error on any node is an error of the scheduler's whole
+    // Filter phase, not just "this node does not fit": the pod is not placed
+    // even where it would fit. So it outranks `fits`, and so does a selector
+    // we cannot evaluate, which might be such an error.
     if nodes.is_empty() {
         outcome.note = Some("no node publishes devices".to_string());
     }
@@ -493,18 +498,12 @@ pub fn constraint_reports(
                 let mut shortfall = 0;
                 for (pi, spec) in &members {
                     let h = have.get(&spec.name).copied().unwrap_or(0);
-                    let need = match spec.mode {
-                        Mode::Count(n) => {
-                            shortfall += n.saturating_sub(h);
-                            n.to_string()
-                        }
-                        Mode::All => {
-                            let all = index[*pi][0].selected.scope(node).len();
-                            shortfall += all.saturating_sub(h);
-                            "all".to_string()
-                        }
+                    let (need, all) = match spec.mode {
+                        Mode::Count(n) => (n, false),
+                        Mode::All => (index[*pi][0].selected.scope(node).len(), true),
                     };
-                    counts.insert(spec.name.clone(), (h, need));
+                    shortfall += need.saturating_sub(h);
+                    counts.insert(spec.name.clone(), ValueCount { have: h, need, all });
                 }
                 rows.push((
                     shortfall,

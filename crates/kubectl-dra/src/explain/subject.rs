@@ -80,6 +80,11 @@ pub fn subjects_for_pod(
     let status = pod.status.clone().unwrap_or_default();
     let scope = Scope {
         node: spec.node_name.clone().filter(|n| !n.is_empty()),
+        allowed: spec
+            .node_selector
+            .as_ref()
+            .filter(|s| !s.is_empty())
+            .map(|selector| allowed_nodes(inv, selector)),
     };
     let mut subjects = Vec::new();
     for pod_claim in spec.resource_claims.iter().flatten() {
@@ -134,6 +139,29 @@ pub fn subjects_for_pod(
         subjects.push(s);
     }
     Ok((subjects, scope))
+}
+
+/// Nodes whose labels match a pod's nodeSelector. Without Node objects in the
+/// input, only `kubernetes.io/hostname` can be resolved (to that node name).
+fn allowed_nodes(
+    inv: &Inventory,
+    selector: &std::collections::BTreeMap<String, String>,
+) -> Vec<String> {
+    if inv.nodes.is_empty() {
+        return selector
+            .get("kubernetes.io/hostname")
+            .filter(|_| selector.len() == 1)
+            .map(|h| vec![h.clone()])
+            .unwrap_or_default();
+    }
+    inv.nodes
+        .iter()
+        .filter(|n| {
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+        })
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
 }
 
 /// Extended resources (`resources.requests`) that a DeviceClass serves,

@@ -207,7 +207,12 @@ fn verdicts_and_reasons() {
             ],
             subject: "all-roots",
             allocatable: Allocatable::No,
-            words: &["resource.kubernetes.io/pcieRoot", "cannot be met"],
+            words: &[
+                "resource.kubernetes.io/pcieRoot",
+                "cannot be met",
+                "request \"efas\" has 4 of 32 (all matching devices)",
+                "narrow its selectors to one value",
+            ],
         },
         Case {
             name: "firstAvailable falls back to the alternative that fits",
@@ -370,7 +375,10 @@ fn pods_bound_to_a_node_only_see_that_node() {
     let e = explain_one(&inv, "pod:p");
     assert_eq!(e.allocatable, Allocatable::No, "{}", text(&e));
     let all = text(&e);
-    assert!(all.contains("on node p5"), "{all}");
+    assert!(
+        all.contains("on node trn1, but the pod may only run on node p5"),
+        "{all}"
+    );
     assert!(
         all.contains("instanceType == \"trn1.32xlarge\"` is false"),
         "{all}"
