@@ -77,7 +77,7 @@ pub fn explanation(e: &Explanation) -> String {
             );
         }
     }
-    if e.allocatable != Allocatable::Allocated && !e.chosen.is_empty() {
+    if e.allocatable == Allocatable::Yes && !e.chosen.is_empty() {
         let _ = writeln!(out, "  would allocate:");
         for c in &e.chosen {
             let _ = writeln!(out, "    {} -> {} (node {})", c.request, c.device, c.node);
