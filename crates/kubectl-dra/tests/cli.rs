@@ -42,19 +42,29 @@ fn explain_pod_offline_exits_1_with_the_reason() {
     for f in ["classes.yaml", "trn1-efa.yaml", "trn1-neuron.yaml"] {
         a.extend(["--from-file".to_string(), fixture(f)]);
     }
-    a.extend(["-f".to_string(), example("neuron/neuron-4-chips-with-efas.yaml")]);
+    a.extend([
+        "-f".to_string(),
+        example("neuron/neuron-4-chips-with-efas.yaml"),
+    ]);
     a.extend(args(&["explain", "pod", "neuron-4-chips-with-efas"]));
     let (code, out, err) = run(&a);
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("Verdict: Not allocatable"), "{out}");
-    assert!(out.contains("matchAttribute resource.aws.com/devicegroup4_id"), "{out}");
+    assert!(
+        out.contains("matchAttribute resource.aws.com/devicegroup4_id"),
+        "{out}"
+    );
 
     a.extend(args(&["-o", "json"]));
     let (code, out, err) = run(&a);
     assert_eq!(code, 1, "{err}");
-    let json: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let json: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(json[0]["allocatable"], "no", "{out}");
-    assert_eq!(json[0]["constraints"][0]["attribute"], "resource.aws.com/devicegroup4_id");
+    assert_eq!(
+        json[0]["constraints"][0]["attribute"],
+        "resource.aws.com/devicegroup4_id"
+    );
 }
 
 #[test]
@@ -63,7 +73,10 @@ fn explain_on_trn2_exits_0() {
     for f in ["classes.yaml", "trn2-efa.yaml", "trn2-neuron.yaml"] {
         a.extend(["-f".to_string(), fixture(f)]);
     }
-    a.extend(["-f".to_string(), example("neuron/neuron-4-chips-with-efas.yaml")]);
+    a.extend([
+        "-f".to_string(),
+        example("neuron/neuron-4-chips-with-efas.yaml"),
+    ]);
     a.extend(args(&["explain", "pod", "neuron-4-chips-with-efas"]));
     let (code, out, err) = run(&a);
     assert_eq!(code, 0, "{out}{err}");
@@ -84,7 +97,10 @@ fn devices_table_and_yaml() {
     let (code, out, err) = run(&a);
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert!(lines[0].starts_with("NODE") && lines[0].contains("PCIEROOT"), "{out}");
+    assert!(
+        lines[0].starts_with("NODE") && lines[0].contains("PCIEROOT"),
+        "{out}"
+    );
     assert_eq!(lines.len(), 1 + 32, "{out}");
     assert!(lines.iter().skip(1).all(|l| l.starts_with("p5 ")), "{out}");
 
@@ -92,7 +108,8 @@ fn devices_table_and_yaml() {
     yaml.extend(args(&["-o", "yaml"]));
     let (code, out, err) = run(&yaml);
     assert_eq!(code, 0, "{err}");
-    let rows: Vec<serde_json::Value> = serde_saphyr::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let rows: Vec<serde_json::Value> =
+        serde_saphyr::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(rows.len(), 32);
     assert_eq!(rows[0]["pcieRoot"], "pci0000:44");
 }
@@ -102,7 +119,16 @@ fn errors_name_the_file_and_the_object() {
     let (code, _, err) = run(&args(&["-f", "/nonexistent/bundle.yaml", "devices"]));
     assert_eq!(code, 2);
     assert!(err.contains("/nonexistent/bundle.yaml"), "{err}");
-    let (code, _, err) = run(&["-f".to_string(), fixture("classes.yaml"), "explain".into(), "claim".into(), "missing".into()]);
+    let (code, _, err) = run(&[
+        "-f".to_string(),
+        fixture("classes.yaml"),
+        "explain".into(),
+        "claim".into(),
+        "missing".into(),
+    ]);
     assert_eq!(code, 2);
-    assert!(err.contains("ResourceClaim default/missing not found"), "{err}");
+    assert!(
+        err.contains("ResourceClaim default/missing not found"),
+        "{err}"
+    );
 }
