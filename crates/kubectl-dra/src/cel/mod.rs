@@ -27,7 +27,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
-use ::cel::common::value::CelVal;
 use ::cel::objects::{Key, Map};
 use ::cel::parser::Parser;
 use ::cel::{Context, ExecutionError, Value};
@@ -194,29 +193,6 @@ fn is_device_domain_map(expr: &IdedExpr) -> bool {
         if !s.test
             && (s.field == "attributes" || s.field == "capacity")
             && matches!(&s.operand.expr, Expr::Ident(name) if name == "device"))
-}
-
-/// Literal strings are kept for callers that want them (reports quote the domain).
-pub fn string_literals(selector: &Selector) -> Vec<String> {
-    fn walk(expr: &IdedExpr, out: &mut Vec<String>) {
-        match &expr.expr {
-            Expr::Literal(CelVal::String(s)) => out.push(s.clone()),
-            Expr::Call(c) => {
-                if let Some(t) = &c.target {
-                    walk(t, out);
-                }
-                c.args.iter().for_each(|a| walk(a, out));
-            }
-            Expr::Select(s) => walk(&s.operand, out),
-            Expr::List(l) => l.elements.iter().for_each(|e| walk(e, out)),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    if let Ok(expr) = &selector.program {
-        walk(expr, &mut out);
-    }
-    out
 }
 
 /// The functions and macros available to selectors, built once.
