@@ -168,6 +168,24 @@ fn verdicts_and_reasons() {
             words: &["fails at run time", "has(...)"],
         },
         Case {
+            name: "a runtime error on one node stops the pod even where the claim fits",
+            docs: vec![
+                s(CLASSES),
+                s(P5_EFA),
+                s(TRN1_EFA),
+                claim(
+                    "by-group",
+                    "  devices:\n    requests:\n    - name: efas\n      exactly:\n        deviceClassName: efa.networking.k8s.aws\n        selectors:\n        - cel: {expression: 'device.attributes[\"resource.aws.com\"].devicegroup4_id == \"88a3c6ad1661fe1d\"'}\n",
+                ),
+            ],
+            subject: "by-group",
+            allocatable: Allocatable::No,
+            words: &[
+                "of node p5 (no such key: devicegroup4_id)",
+                "whole attempt for the pod, on every node",
+            ],
+        },
+        Case {
             name: "a function kubectl-dra lacks is reported, not guessed",
             docs: vec![
                 s(CLASSES),
