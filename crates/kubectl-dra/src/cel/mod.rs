@@ -1,0 +1,289 @@
+//! Device selectors evaluated as kube-scheduler evaluates them.
+//!
+//! The Kubernetes DRA CEL environment (`k8s.io/dynamic-resource-allocation/cel`)
+//! gives a selector one variable, `device`, with `driver`, `attributes`,
+//! `capacity` and `allowMultipleAllocations`, plus the `semver`/`quantity`
+//! libraries and the string extensions. The `cel` crate supplies the language;
+//! this module supplies the environment and papers over two differences:
+//!
+//! - `device.attributes["some.domain"]` of a domain the device has nothing in
+//!   is an empty map in Kubernetes, a missing key in a plain map: the index
+//!   is rewritten to `[?domain].orValue({})`.
+//! - `x.?field` on a map without `field` must be `optional.none()`; the crate
+//!   raises "no such key" instead, so `_?._` is rewritten to the optional
+//!   index `_[?_]`, which the crate implements as the spec says.
+//!
+//! Outcomes keep apart what the scheduler would also fail on (a runtime
+//! error: a missing attribute read without a guard, a bad `semver()`
+//! argument) and what only we cannot do (syntax or a function the crate and
+//! this module lack): the latter is reported as such, never guessed.
+
+pub mod quantity;
+pub mod semver;
+mod stdlib;
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
+use ::cel::objects::{Key, Map};
+use ::cel::parser::Parser;
+use ::cel::{Context, ExecutionError, Value};
+use k8s_openapi::api::resource::v1::Device;
+
+pub use self::quantity::Quantity;
+pub use self::semver::Version;
+
+/// What one selector says about one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Match,
+    NoMatch,
+    /// The expression fails on this device; the scheduler fails the same way
+    /// (it reports a CEL runtime error and does not allocate).
+    RuntimeError(String),
+    /// We cannot evaluate it (syntax or function we lack); the scheduler may.
+    Unsupported(String),
+}
+
+/// A compiled selector expression.
+#[derive(Debug)]
+pub struct Selector {
+    source: String,
+    program: Result<IdedExpr, String>,
+}
+
+impl Selector {
+    pub fn compile(source: &str) -> Selector {
+        // The ANTLR-based parser is third-party code fed user input: a panic
+        // there must become "cannot evaluate", not a crash of the tool.
+        let parsed = std::panic::catch_unwind(|| {
+            Parser::new()
+                .enable_optional_syntax(true)
+                .parse(source)
+                .map_err(|e| e.to_string())
+        });
+        let program = match parsed {
+            Ok(Ok(mut expr)) => {
+                rewrite(&mut expr);
+                Ok(expr)
+            }
+            Ok(Err(message)) => Err(format!("cannot parse: {}", message.trim())),
+            Err(_) => Err("the CEL parser gave up on this expression".to_string()),
+        };
+        Selector {
+            source: source.to_string(),
+            program,
+        }
+    }
+
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Why we cannot evaluate it at all, if we cannot.
+    pub fn compile_error(&self) -> Option<&str> {
+        self.program.as_ref().err().map(String::as_str)
+    }
+
+    pub fn evaluate(&self, env: &Environment, device: &DeviceValue) -> Outcome {
+        let expr = match &self.program {
+            Ok(expr) => expr,
+            Err(message) => return Outcome::Unsupported(message.clone()),
+        };
+        let mut scope = env.base.new_inner_scope();
+        scope.add_variable_from_value("device", device.0.clone());
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| scope.resolve(expr)));
+        match result {
+            Ok(Ok(Value::Bool(true))) => Outcome::Match,
+            Ok(Ok(Value::Bool(false))) => Outcome::NoMatch,
+            Ok(Ok(other)) => Outcome::RuntimeError(format!(
+                "the expression yields a {}, not a bool",
+                other.type_of()
+            )),
+            Ok(Err(error)) => classify(error),
+            Err(_) => Outcome::Unsupported("the CEL interpreter panicked".to_string()),
+        }
+    }
+}
+
+fn classify(error: ExecutionError) -> Outcome {
+    match error {
+        ExecutionError::UndeclaredReference(name) if name.as_str() != "device" => {
+            Outcome::Unsupported(format!(
+                "function or variable `{name}` is not available in kubectl-dra"
+            ))
+        }
+        ExecutionError::UnsupportedFunctionCallIdentifierType(_)
+        | ExecutionError::UnsupportedFieldsConstruction(_)
+        | ExecutionError::NotSupportedAsMethod { .. } => {
+            Outcome::Unsupported(format!("not supported by the CEL interpreter: {error}"))
+        }
+        ExecutionError::NoSuchKey(key) => Outcome::RuntimeError(format!("no such key: {key}")),
+        other => Outcome::RuntimeError(other.to_string()),
+    }
+}
+
+/// Rewrites the parsed expression to the Kubernetes semantics (see module docs).
+fn rewrite(expr: &mut IdedExpr) {
+    match &mut expr.expr {
+        Expr::Call(call) => {
+            if let Some(target) = call.target.as_deref_mut() {
+                rewrite(target);
+            }
+            for arg in &mut call.args {
+                rewrite(arg);
+            }
+            if call.func_name == operators::OPT_SELECT {
+                call.func_name = operators::OPT_INDEX.to_string();
+            }
+            let domain_map = call.func_name == operators::INDEX
+                && call.target.is_none()
+                && call.args.first().is_some_and(is_device_domain_map);
+            if domain_map {
+                let id = expr.id;
+                let mut index = std::mem::take(call);
+                index.func_name = operators::OPT_INDEX.to_string();
+                let empty = IdedExpr {
+                    id,
+                    expr: Expr::Map(Default::default()),
+                };
+                expr.expr = Expr::Call(::cel::common::ast::CallExpr {
+                    func_name: "orValue".to_string(),
+                    target: Some(Box::new(IdedExpr {
+                        id,
+                        expr: Expr::Call(index),
+                    })),
+                    args: vec![empty],
+                });
+            }
+        }
+        Expr::Comprehension(c) => {
+            rewrite(&mut c.iter_range);
+            rewrite(&mut c.accu_init);
+            rewrite(&mut c.loop_cond);
+            rewrite(&mut c.loop_step);
+            rewrite(&mut c.result);
+        }
+        Expr::List(list) => list.elements.iter_mut().for_each(rewrite),
+        Expr::Map(map) => {
+            for entry in &mut map.entries {
+                if let EntryExpr::MapEntry(e) = &mut entry.expr {
+                    rewrite(&mut e.key);
+                    rewrite(&mut e.value);
+                }
+            }
+        }
+        Expr::Struct(s) => {
+            for entry in &mut s.entries {
+                if let EntryExpr::StructField(f) = &mut entry.expr {
+                    rewrite(&mut f.value);
+                }
+            }
+        }
+        Expr::Select(select) => rewrite(&mut select.operand),
+        Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => {}
+    }
+}
+
+/// `device.attributes` or `device.capacity`.
+fn is_device_domain_map(expr: &IdedExpr) -> bool {
+    matches!(&expr.expr, Expr::Select(s)
+        if !s.test
+            && (s.field == "attributes" || s.field == "capacity")
+            && matches!(&s.operand.expr, Expr::Ident(name) if name == "device"))
+}
+
+/// The functions and macros available to selectors, built once.
+pub struct Environment {
+    base: Context<'static>,
+}
+
+impl Default for Environment {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Environment {
+    pub fn new() -> Self {
+        let mut base = Context::default();
+        stdlib::register(&mut base);
+        Environment { base }
+    }
+}
+
+/// A device as the `device` CEL variable, built once per device.
+#[derive(Debug, Clone)]
+pub struct DeviceValue(Value);
+
+/// Splits a qualified attribute name; unqualified names are in the driver's domain.
+pub fn split_attribute_name<'a>(driver: &'a str, name: &'a str) -> (&'a str, &'a str) {
+    match name.rsplit_once('/') {
+        Some((domain, id)) => (domain, id),
+        None => (driver, name),
+    }
+}
+
+impl DeviceValue {
+    /// Attribute values that cannot be represented (a `version` that is not
+    /// SemVer) are left out: reading them is then a "no such key" error, which
+    /// is also how an unusable attribute behaves in the scheduler.
+    pub fn new(driver: &str, device: &Device) -> DeviceValue {
+        let mut attributes: BTreeMap<&str, HashMap<Key, Value>> = BTreeMap::new();
+        for (name, attr) in device.attributes.iter().flatten() {
+            let (domain, id) = split_attribute_name(driver, name);
+            let value = if let Some(s) = &attr.string {
+                Value::String(Arc::new(s.clone()))
+            } else if let Some(i) = attr.int {
+                Value::Int(i)
+            } else if let Some(b) = attr.bool {
+                Value::Bool(b)
+            } else if let Some(v) = &attr.version {
+                match Version::parse(v) {
+                    Ok(version) => stdlib::semver_value(version),
+                    Err(_) => continue,
+                }
+            } else {
+                continue;
+            };
+            attributes
+                .entry(domain)
+                .or_default()
+                .insert(Key::from(id), value);
+        }
+        let mut capacity: BTreeMap<&str, HashMap<Key, Value>> = BTreeMap::new();
+        for (name, cap) in device.capacity.iter().flatten() {
+            let (domain, id) = split_attribute_name(driver, name);
+            if let Ok(q) = Quantity::parse(&cap.value.0) {
+                capacity
+                    .entry(domain)
+                    .or_default()
+                    .insert(Key::from(id), stdlib::quantity_value(q));
+            }
+        }
+        let nested = |m: BTreeMap<&str, HashMap<Key, Value>>| {
+            let outer: HashMap<Key, Value> = m
+                .into_iter()
+                .map(|(domain, inner)| (Key::from(domain), Value::Map(Map::from(inner))))
+                .collect();
+            Value::Map(Map::from(outer))
+        };
+        let mut fields: HashMap<Key, Value> = HashMap::new();
+        fields.insert(
+            Key::from("driver"),
+            Value::String(Arc::new(driver.to_string())),
+        );
+        fields.insert(Key::from("attributes"), nested(attributes));
+        fields.insert(Key::from("capacity"), nested(capacity));
+        fields.insert(
+            Key::from("allowMultipleAllocations"),
+            Value::Bool(device.allow_multiple_allocations.unwrap_or(false)),
+        );
+        DeviceValue(Value::Map(Map::from(fields)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

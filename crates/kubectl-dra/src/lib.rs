@@ -1,0 +1,16 @@
+//! `kubectl dra`: why a DRA claim is pending, and which devices are free.
+//!
+//! The library holds everything the binary does apart from argument parsing
+//! and printing, so that tests and the benchmark drive the same code:
+//! [`inventory`] loads objects (from files or the API server), [`cel`]
+//! evaluates selectors as kube-scheduler does, [`explain`] works out per
+//! request which devices qualify and why the others do not, [`devices`]
+//! builds the device table.
+
+pub mod cel;
+pub mod devices;
+pub mod explain;
+pub mod inventory;
+pub mod online;
+pub mod render;
+pub mod world;
