@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dra_core::HostPaths;
-use dra_core::rescan::{RescanConfig, RescanMetrics, Rescanner, Trigger};
+use dra_core::rescan::{PoolId, RescanConfig, RescanMetrics, Rescanner, Trigger};
 use efa_driver::EfaInventory;
 use efa_driver::attributes::device_name;
 use efa_driver::inventory::EfaMetrics;
@@ -44,7 +44,15 @@ async fn periodic_rescan_follows_add_remove_unbind() {
     let metrics = EfaMetrics::register(&registry).unwrap();
     let rescans = RescanMetrics::register(&registry, "efa_driver").unwrap();
     let inv = EfaInventory::new(&host(&f), Some(metrics.clone()));
-    let (rescanner, feeds) = Rescanner::new(inv, "node", None, Some(rescans.clone()));
+    let (rescanner, feeds) = Rescanner::new(
+        inv,
+        PoolId {
+            driver: "efa.networking.k8s.aws",
+            pool: "node",
+        },
+        None,
+        Some(rescans.clone()),
+    );
     assert!(rescanner.rescan(Trigger::Start).await.unwrap());
     assert_eq!(feeds.devices.borrow().len(), 32);
     assert!(
@@ -111,7 +119,15 @@ async fn periodic_rescan_follows_add_remove_unbind() {
 async fn a_uevent_trigger_rescans_without_waiting_for_the_interval() {
     let dir = tempfile::tempdir().unwrap();
     let f = generate("trn2.48xlarge", dir.path()).unwrap();
-    let (rescanner, feeds) = Rescanner::new(EfaInventory::new(&host(&f), None), "node", None, None);
+    let (rescanner, feeds) = Rescanner::new(
+        EfaInventory::new(&host(&f), None),
+        PoolId {
+            driver: "efa.networking.k8s.aws",
+            pool: "node",
+        },
+        None,
+        None,
+    );
     rescanner.rescan(Trigger::Start).await.unwrap();
     assert_eq!(feeds.devices.borrow().len(), 16);
     let mut rx = feeds.devices.clone();

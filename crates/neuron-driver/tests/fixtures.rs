@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use dra_core::config::{config_for_request, decode_allocation_configs};
-use dra_core::rescan::{RescanConfig, Rescanner, Trigger};
+use dra_core::rescan::{PoolId, RescanConfig, Rescanner, Trigger};
 use dra_core::{AllocatedDevice, ClaimRef, Driver};
 use dra_core::{DeviceInventory, HostPaths};
 use k8s_openapi::api::resource::v1::{
@@ -337,7 +337,15 @@ fn a_uevent_triggers_a_rescan() {
         .unwrap();
     rt.block_on(async {
         let inventory = NeuronInventory::new(&host(&fx), Box::new(fixture_bdf(&fx)));
-        let (rescanner, feeds) = Rescanner::new(inventory, "node", None, None);
+        let (rescanner, feeds) = Rescanner::new(
+            inventory,
+            PoolId {
+                driver: "neuron.aws.com",
+                pool: "node",
+            },
+            None,
+            None,
+        );
         rescanner.rescan(Trigger::Start).await.unwrap();
         let mut rx = feeds.devices.clone();
         let (uevent_tx, uevent_rx) = tokio::sync::mpsc::channel(1);
