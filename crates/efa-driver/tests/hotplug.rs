@@ -35,10 +35,13 @@ fn lost(rx: &watch::Receiver<Vec<Device>>) -> Vec<(String, String)> {
         .borrow()
         .iter()
         .flat_map(|d| {
-            d.taints.iter().flatten().filter_map(|t| {
-                (t.key == "efa.networking.k8s.aws/device-lost" && t.effect == "NoSchedule")
-                    .then(|| (d.name.clone(), t.value.clone().unwrap_or_default()))
-            })
+            d.taints
+                .iter()
+                .flatten()
+                .filter(|t| {
+                    t.key == "efa.networking.k8s.aws/device-lost" && t.effect == "NoSchedule"
+                })
+                .map(|t| (d.name.clone(), t.value.clone().unwrap_or_default()))
         })
         .collect();
     out.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
