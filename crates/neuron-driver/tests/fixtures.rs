@@ -610,3 +610,57 @@ fn discover_binary_on_a_node_without_chips() {
     assert_eq!(items.len(), 1);
     assert!(items[0]["spec"].get("devices").is_none());
 }
+
+/// `(device, key, effect)` of every taint `discover` printed.
+fn discover_taints(fx: &Fixture) -> Vec<(String, String, String)> {
+    let out: serde_json::Value = serde_json::from_str(&discover_bin(fx, &[])).unwrap();
+    let mut got = Vec::new();
+    for item in out["items"].as_array().unwrap() {
+        for d in item["spec"]["devices"].as_array().into_iter().flatten() {
+            for t in d["taints"].as_array().into_iter().flatten() {
+                got.push((
+                    d["name"].as_str().unwrap().to_owned(),
+                    t["key"].as_str().unwrap().to_owned(),
+                    t["effect"].as_str().unwrap().to_owned(),
+                ));
+            }
+        }
+    }
+    got
+}
+
+#[test]
+fn discover_taints_only_the_chip_with_uncorrected_sram_ecc() {
+    let (_dir, fx) = fixture("trn2.48xlarge");
+    assert_eq!(discover_taints(&fx), vec![], "healthy fixture: no taints");
+    sysfs_fixtures::health::inject(
+        &fx.sys,
+        &sysfs_fixtures::health::Fault::NeuronSramUncorrected { chip: 6 },
+    )
+    .unwrap();
+    let got = discover_taints(&fx);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (device, key, effect) = &got[0];
+    assert_eq!(device, "neuron-device-6");
+    assert!(key.starts_with("neuron.aws.com/"), "{key}");
+    assert_eq!(key, "neuron.aws.com/sram-ecc-uncorrected");
+    assert_eq!(effect, "NoSchedule");
+}
+
+#[test]
+fn discover_repairable_hbm_gets_its_own_no_schedule_key() {
+    let (_dir, fx) = fixture("inf2.48xlarge");
+    sysfs_fixtures::health::inject(
+        &fx.sys,
+        &sysfs_fixtures::health::Fault::NeuronHbmRepairable { chip: 0 },
+    )
+    .unwrap();
+    assert_eq!(
+        discover_taints(&fx),
+        vec![(
+            "neuron-device-0".to_owned(),
+            "neuron.aws.com/hbm-ecc-repairable".to_owned(),
+            "NoSchedule".to_owned()
+        )]
+    );
+}
