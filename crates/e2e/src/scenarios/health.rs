@@ -270,7 +270,27 @@ async fn fault_one(tb: &impl Testbed, ns: &str, tag: &str, t: &Target) -> Result
                 .filter(|h| h == "Unhealthy"))
         },
     )
-    .await?;
+    .await;
+    let health = match health {
+        Ok(h) => h,
+        Err(e) => {
+            // Say what kubelet did report, for whoever reads the failure.
+            let seen = kit::get_pod(tb, ns, &holder)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p.status)
+                .map(|s| {
+                    s.container_statuses
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|c| format!("{:?}", c.allocated_resources_status))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                });
+            return Err(e.context(format!("allocatedResourcesStatus seen: {seen:?}")));
+        }
+    };
     println!(
         "    {} {}: pod status {health} {} ms after the taint",
         t.node,
@@ -321,14 +341,21 @@ async fn device_health(
     let Some(p) = kit::get_pod(tb, ns, pod).await? else {
         return Ok(None);
     };
-    let suffix = format!("/{device}");
+    // Kubelet names a resource by the CDI device id the driver returned
+    // for it (`<kind>=<claim uid>-<device>` from our drivers), or by
+    // `<driver>/<pool>/<device>` where there is none: match the device name
+    // at the end, after a separator.
+    let names_device = |id: &str| {
+        id.strip_suffix(device)
+            .is_some_and(|head| head.ends_with(['/', '-', '=']))
+    };
     Ok(p.status
         .and_then(|s| s.container_statuses)
         .unwrap_or_default()
         .into_iter()
         .flat_map(|c| c.allocated_resources_status.unwrap_or_default())
         .flat_map(|r| r.resources.unwrap_or_default())
-        .find(|h| h.resource_id.ends_with(&suffix))
+        .find(|h| names_device(&h.resource_id))
         .and_then(|h| h.health))
 }
 
