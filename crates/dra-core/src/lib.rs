@@ -41,6 +41,7 @@ pub mod runner;
 pub mod runtime;
 pub mod self_check;
 mod state;
+pub mod taints;
 pub mod uevent;
 
 pub use claims::{ClaimSource, InMemoryClaimSource, KubeClaimSource};

@@ -30,10 +30,10 @@ use crate::checkpoint::CheckpointStore;
 use crate::claims::ClaimSource;
 use crate::connection::{ConnectionLimits, relayed_connections};
 use crate::driver::{ClaimRef, Driver};
-use crate::health::{DeviceHealthStatus, HealthService};
+use crate::health::{self, DeviceHealthStatus, HealthService};
 use crate::lock::DataDirLock;
 use crate::metrics::PluginMetrics;
-use crate::proto::{dra_v1, dra_v1beta1, health_v1alpha1, pluginregistration as reg};
+use crate::proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg};
 use crate::state::{ClaimPipeline, PipelineError};
 
 /// Where and as what the plugin serves.
@@ -183,7 +183,8 @@ impl<D: Driver> KubeletPlugin<D> {
         }
     }
 
-    /// Serve `v1alpha1.DRAResourceHealth` from this channel.
+    /// Serve `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` from
+    /// this channel.
     pub fn with_health(mut self, health: watch::Receiver<Vec<DeviceHealthStatus>>) -> Self {
         self.health = Some(health);
         self
@@ -240,12 +241,19 @@ impl<D: Driver> KubeletPlugin<D> {
                 },
             ));
         if let Some(health) = self.health {
-            versions.push("v1alpha1.DRAResourceHealth".to_string());
-            plugin_router = plugin_router.add_service(
-                health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-                    HealthService { health },
-                ),
-            );
+            versions.extend(health::SERVICE_NAMES.iter().map(ToString::to_string));
+            let service = HealthService { health };
+            plugin_router = plugin_router
+                .add_service(
+                    health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                        service.clone(),
+                    ),
+                )
+                .add_service(
+                    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                        service,
+                    ),
+                );
         }
 
         remove_if_exists(&sockets.plugin).map_err(io(&sockets.plugin))?;

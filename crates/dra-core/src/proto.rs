@@ -24,3 +24,9 @@ pub mod dra_v1beta1 {
 pub mod health_v1alpha1 {
     tonic::include_proto!("v1alpha1");
 }
+
+/// `v1`: the DRA device health service, kubelet 1.37+ (same schema as
+/// `v1alpha1`; kubelet 1.37 prefers it).
+pub mod health_v1 {
+    tonic::include_proto!("v1");
+}

@@ -19,16 +19,22 @@
 //! Unknown when it hears nothing of it for its health-check timeout. A scan
 //! that fails keeps the devices published last: a transient sysfs problem
 //! must not unpublish healthy devices.
+//!
+//! Health also becomes device taints here ([`crate::taints`]): the device
+//! list sent to the publisher carries them, so a health change is a device
+//! change, published like any other. Each change of a condition is logged
+//! once at WARN and counted.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::resource::v1::Device;
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::{mpsc, watch};
 
-use crate::health::DeviceHealthStatus;
-use crate::inventory::{DeviceInventory, ScannedDevice};
+use crate::health::{DeviceHealthStatus, HealthState};
+use crate::inventory::{DeviceInventory, ScannedDevice, Severity};
+use crate::taints::{TaintBook, Transition};
 use crate::uevent::{UeventSocket, forward_uevents};
 
 /// Default period of the fallback rescan, the same for every driver.
@@ -65,6 +71,10 @@ pub struct RescanMetrics {
     pub rescans_total: IntCounterVec,
     /// Duration of whole rescans.
     pub rescan_seconds: Histogram,
+    /// Published devices by health state (`healthy`, `degraded`, `unhealthy`).
+    pub devices_by_health: IntGaugeVec,
+    /// Changes of a device's condition (appeared, changed, cleared), by dimension.
+    pub health_transitions: IntCounterVec,
 }
 
 impl RescanMetrics {
@@ -90,10 +100,26 @@ impl RescanMetrics {
                 )
                 .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0]),
             )?,
+            devices_by_health: IntGaugeVec::new(
+                Opts::new(
+                    format!("{prefix}_devices_by_health"),
+                    "Published devices by health state (healthy, degraded, unhealthy)",
+                ),
+                &["state"],
+            )?,
+            health_transitions: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_health_transitions_total"),
+                    "Device health condition changes (appeared, changed, cleared), by dimension",
+                ),
+                &["dimension"],
+            )?,
         };
         registry.register(Box::new(m.devices.clone()))?;
         registry.register(Box::new(m.rescans_total.clone()))?;
         registry.register(Box::new(m.rescan_seconds.clone()))?;
+        registry.register(Box::new(m.devices_by_health.clone()))?;
+        registry.register(Box::new(m.health_transitions.clone()))?;
         Ok(m)
     }
 }
@@ -146,14 +172,50 @@ pub struct Rescanner<I> {
     health: watch::Sender<Vec<DeviceHealthStatus>>,
     health_timeout: Option<Duration>,
     metrics: Option<RescanMetrics>,
+    taints: Mutex<TaintBook>,
+}
+
+/// Which pool the devices are published in: `driver` prefixes the taint
+/// keys, `pool` (the node name) names the devices in the health stream.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolId<'a> {
+    pub driver: &'a str,
+    pub pool: &'a str,
+}
+
+/// The health state label of a device's conditions.
+fn state_label(health: &crate::inventory::DeviceHealth) -> &'static str {
+    match health.state() {
+        HealthState::Unhealthy => "unhealthy",
+        _ if health
+            .conditions
+            .iter()
+            .any(|c| c.severity == Severity::Degraded) =>
+        {
+            "degraded"
+        }
+        _ => "healthy",
+    }
+}
+
+/// Scans once, synchronously, and sets the taints (what `discover` prints).
+pub fn scan_with_taints<I: DeviceInventory>(
+    inventory: &mut I,
+    driver: &str,
+) -> Result<Vec<Device>, I::Error> {
+    let mut scanned = inventory.scan()?;
+    let transitions =
+        TaintBook::new(driver).apply(&mut scanned, k8s_openapi::jiff::Timestamp::now());
+    transitions.iter().for_each(Transition::log);
+    Ok(scanned.into_iter().map(|s| s.device).collect())
 }
 
 impl<I: DeviceInventory> Rescanner<I> {
-    /// `pool` names the devices in the health stream (the node name).
-    /// The feeds start empty; the first [`Self::rescan`] fills them.
+    /// `id` names the pool; the feeds start empty and the first
+    /// [`Self::rescan`] fills them.
     pub fn new(
         inventory: I,
-        pool: &str,
+        id: PoolId<'_>,
         health_timeout: Option<Duration>,
         metrics: Option<RescanMetrics>,
     ) -> (Self, DeviceFeeds) {
@@ -161,11 +223,12 @@ impl<I: DeviceInventory> Rescanner<I> {
         let (health, health_rx) = watch::channel(Vec::new());
         let rescanner = Rescanner {
             inventory: Arc::new(Mutex::new(inventory)),
-            pool: pool.to_owned(),
+            pool: id.pool.to_owned(),
             devices,
             health,
             health_timeout,
             metrics,
+            taints: Mutex::new(TaintBook::new(id.driver)),
         };
         let feeds = DeviceFeeds {
             devices: devices_rx,
@@ -191,7 +254,7 @@ impl<I: DeviceInventory> Rescanner<I> {
     pub async fn rescan(&self, trigger: Trigger) -> Result<bool, RescanError<I::Error>> {
         let started = Instant::now();
         let inventory = self.inventory.clone();
-        let scanned = tokio::task::spawn_blocking(move || {
+        let mut scanned = tokio::task::spawn_blocking(move || {
             inventory.lock().unwrap_or_else(|e| e.into_inner()).scan()
         })
         .await?
@@ -201,6 +264,25 @@ impl<I: DeviceInventory> Rescanner<I> {
             m.rescan_seconds.observe(started.elapsed().as_secs_f64());
             m.devices
                 .set(i64::try_from(scanned.len()).unwrap_or(i64::MAX));
+            m.devices_by_health.reset();
+            for s in &scanned {
+                m.devices_by_health
+                    .with_label_values(&[state_label(&s.health)])
+                    .inc();
+            }
+        }
+        let transitions = self
+            .taints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .apply(&mut scanned, k8s_openapi::jiff::Timestamp::now());
+        for t in &transitions {
+            t.log();
+            if let Some(m) = &self.metrics {
+                m.health_transitions
+                    .with_label_values(&[&t.dimension])
+                    .inc();
+            }
         }
         self.health.send_replace(self.health_statuses(&scanned));
         let devices: Vec<Device> = scanned.into_iter().map(|s| s.device).collect();
@@ -291,7 +373,7 @@ pub fn forward_kernel_uevents(
 mod tests {
     use super::*;
     use crate::health::HealthState;
-    use crate::inventory::{DeviceHealth, HealthCondition, HostPaths, Severity};
+    use crate::inventory::{DeviceHealth, HealthCondition, HostPaths};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A fake inventory: the test sets what the next scan finds, or that it
@@ -387,8 +469,15 @@ mod tests {
         hw.set(&["a", "b"]);
         let registry = Registry::new();
         let metrics = RescanMetrics::register(&registry, "test_driver").unwrap();
-        let (rescanner, mut feeds) =
-            Rescanner::new(hw.clone(), "node-1", None, Some(metrics.clone()));
+        let (rescanner, mut feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "node-1",
+            },
+            None,
+            Some(metrics.clone()),
+        );
 
         assert!(rescanner.rescan(Trigger::Start).await.unwrap());
         assert!(feeds.devices.has_changed().unwrap());
@@ -427,7 +516,17 @@ mod tests {
         let hw = Hardware::default();
         hw.set(&["a", "b"]);
         let timeout = Some(Duration::from_secs(30));
-        let (rescanner, mut feeds) = Rescanner::new(hw.clone(), "node-1", timeout, None);
+        let registry = Registry::new();
+        let metrics = RescanMetrics::register(&registry, "test_driver").unwrap();
+        let (rescanner, mut feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "node-1",
+            },
+            timeout,
+            Some(metrics.clone()),
+        );
         rescanner.rescan(Trigger::Start).await.unwrap();
         let first = feeds.health.borrow_and_update().clone();
         assert_eq!(first.len(), 2);
@@ -446,8 +545,22 @@ mod tests {
             },
         );
         assert!(
+            rescanner.rescan(Trigger::Interval).await.unwrap(),
+            "a new condition is a new taint: the devices changed"
+        );
+        let taints = feeds
+            .devices
+            .borrow()
+            .iter()
+            .find(|d| d.name == "b")
+            .and_then(|d| d.taints.clone())
+            .unwrap();
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0].key, "test.example.com/admin-queue-closed");
+        assert_eq!(taints[0].effect, "NoSchedule");
+        assert!(
             !rescanner.rescan(Trigger::Interval).await.unwrap(),
-            "devices unchanged"
+            "the same condition again: nothing to publish"
         );
         assert!(
             feeds.health.has_changed().unwrap(),
@@ -462,13 +575,31 @@ mod tests {
             .unwrap();
         assert_eq!(b.state, HealthState::Unhealthy);
         assert_eq!(b.message, "admin-queue-closed=1 (Fatal)");
+        let by_state = |s: &str| metrics.devices_by_health.with_label_values(&[s]).get();
+        assert_eq!((by_state("healthy"), by_state("unhealthy")), (1, 1));
+        assert_eq!(
+            metrics
+                .health_transitions
+                .with_label_values(&["admin-queue-closed"])
+                .get(),
+            1,
+            "counted once, not per scan"
+        );
     }
 
     #[tokio::test]
     async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
         let hw = Hardware::default();
         hw.set(&["a"]);
-        let (rescanner, feeds) = Rescanner::new(hw.clone(), "n", None, None);
+        let (rescanner, feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "n",
+            },
+            None,
+            None,
+        );
         rescanner.rescan(Trigger::Start).await.unwrap();
         let (trigger_tx, trigger_rx) = mpsc::channel(1);
         let config = RescanConfig {
@@ -509,7 +640,15 @@ mod tests {
     async fn the_interval_rescans_without_events() {
         let hw = Hardware::default();
         hw.set(&["a"]);
-        let (rescanner, feeds) = Rescanner::new(hw.clone(), "n", None, None);
+        let (rescanner, feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "n",
+            },
+            None,
+            None,
+        );
         rescanner.rescan(Trigger::Start).await.unwrap();
         let (_trigger_tx, trigger_rx) = mpsc::channel(1);
         let config = RescanConfig {

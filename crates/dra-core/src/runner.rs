@@ -14,8 +14,9 @@
 //! }
 //! ```
 //!
-//! `discover` opens the same inventory and runs the same scan as `run`, so
-//! it prints exactly what `run` would publish. Errors go to stderr (logs
+//! `discover` opens the same inventory and runs the same scan as `run`, and
+//! turns health into taints the same way, so it prints exactly what `run`
+//! would publish. Errors go to stderr (logs
 //! too), so `discover`'s stdout is only the List document.
 
 use std::process::ExitCode;
@@ -29,7 +30,10 @@ use crate::cli::{
 };
 use crate::inventory::DeviceInventory;
 use crate::publish::desired_slices;
-use crate::rescan::{RescanError, RescanMetrics, Rescanner, Trigger, forward_kernel_uevents};
+use crate::rescan::{
+    PoolId, RescanError, RescanMetrics, Rescanner, Trigger, forward_kernel_uevents,
+    scan_with_taints,
+};
 use crate::runtime::{RuntimeError, run};
 
 /// Threads that run async work; scans and other blocking work get their
@@ -122,10 +126,8 @@ fn discover<I: DeviceInventory>(
     init_logging(common.log_format, common.log_filter())?;
     let mut inventory =
         I::open(&common.host_paths(), &cmd.extra, &Registry::new()).map_err(RunnerError::Open)?;
-    let scanned = inventory
-        .scan()
+    let devices = scan_with_taints(&mut inventory, &common.driver_name)
         .map_err(|e| RunnerError::FirstScan(RescanError::Scan(e)))?;
-    let devices: Vec<_> = scanned.into_iter().map(|s| s.device).collect();
     let slices = desired_slices(&common.driver_name, &common.node_name, None, &devices);
     print!("{}", render_list(&slices, cmd.discover.output)?);
     Ok(())
@@ -142,7 +144,10 @@ async fn serve<I: DeviceInventory>(
     let rescan = cmd.rescan_config();
     let (rescanner, feeds) = Rescanner::new(
         inventory,
-        &cmd.common.node_name,
+        PoolId {
+            driver: &cmd.common.driver_name,
+            pool: &cmd.common.node_name,
+        },
         Some(rescan.health_timeout()),
         Some(metrics),
     );

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use dra_core::authority::{Frame, PREFACE, read_frame};
-use dra_core::proto::{dra_v1, dra_v1beta1, health_v1alpha1, pluginregistration as reg};
+use dra_core::proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg};
 use dra_core::self_check::unix_channel;
 use dra_core::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceHealthStatus, DeviceNode, Driver,
@@ -743,9 +743,29 @@ async fn health_service_is_advertised_and_streams() {
         [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth"
         ]
     );
+    // kubelet 1.37 opens the v1 stream; older kubelets the v1alpha1 one.
+    let mut v1 = health_v1::dra_resource_health_client::DraResourceHealthClient::new(
+        unix_channel(&h.running.sockets.plugin).await.unwrap(),
+    );
+    let first_v1 = v1
+        .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .message()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first_v1.devices.len(), 1);
+    assert_eq!(
+        first_v1.devices[0].health,
+        health_v1::HealthStatus::Healthy as i32
+    );
+    assert_eq!(first_v1.devices[0].health_check_timeout_seconds, 45);
     let mut client = health_v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(
         unix_channel(&h.running.sockets.plugin).await.unwrap(),
     );

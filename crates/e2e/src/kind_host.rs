@@ -30,7 +30,7 @@ use crate::chart_testbed::host::{
 };
 use crate::cluster::TeardownReport;
 use crate::error::{Error, Result, io};
-use crate::testbed::DriverKind;
+use crate::testbed::{DriverKind, rescan_interval_env};
 
 /// Name of the kind cluster.
 pub const CLUSTER_NAME: &str = "aws-dra-e2e";
@@ -65,11 +65,21 @@ pub fn deployment() -> Deployment {
         image_tag: IMAGE_TAG.into(),
         gpu_test_image: format!("{DRIVERS_IMAGE_REPOSITORY}:{DRIVERS_IMAGE_TAG}"),
         host_network: false,
-        extra_env: Vec::new(),
+        extra_env: vec![rescan_interval_env()],
         tolerations: None,
         per_node_releases: false,
         unique_metrics_ports: false,
     }
+}
+
+/// Where `xtask kind` keeps node `role`'s fixture tree (bind-mounted at
+/// [`FIXTURE_MOUNT`]), given the testbed's work dir (`<work>/testbed`).
+pub fn fixture_host_dir(testbed_work: &Path, role: &str) -> PathBuf {
+    testbed_work
+        .parent()
+        .unwrap_or(testbed_work)
+        .join("fixtures")
+        .join(role)
 }
 
 /// The charts' host paths on every kind node: the kubelet's standard dirs,
@@ -212,10 +222,18 @@ impl ChartHost for KindHost {
             std::fs::remove_dir_all(&scratch).map_err(io("removing", &scratch))?;
         }
         let fixture = sysfs_fixtures::generate(instance_type, &scratch)?;
+        let host_sysfs = fixture_host_dir(&self.work_dir, name).join("sys");
+        if !host_sysfs.is_dir() {
+            return Err(Error::Testbed(format!(
+                "{name}'s fixture tree is not at {} (xtask kind mounts <work>/fixtures/<role>)",
+                host_sysfs.display()
+            )));
+        }
         Ok(NodeLayout {
             node_name,
             fixture,
             paths: host_paths(),
+            host_sysfs,
         })
     }
 

@@ -38,7 +38,9 @@ use crate::manifests;
 use crate::manifests::GPU_TEST_MANIFEST;
 use crate::pod_adapt::adapt_pod_for_local;
 use crate::pools::wait_pool_complete;
-use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed};
+use crate::testbed::{
+    DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed, rescan_interval_env,
+};
 use crate::toolchain::PAUSE_IMAGE;
 
 /// How long a driver may take from start to a complete pool in the API.
@@ -396,6 +398,7 @@ impl Testbed for LocalTestbed {
                 kind.expected_devices(&n.info.fixture),
             )
         })?;
+        let rescan = rescan_interval_env();
         let mut cmd = Command::new(self.bin_dir.join(kind.binary()));
         cmd.arg("run")
             .arg("--sysfs-root")
@@ -408,6 +411,7 @@ impl Testbed for LocalTestbed {
             .env("LOG_LEVEL", "info,dra_core=debug")
             // Plain text in the log files.
             .env("NO_COLOR", "1")
+            .env(rescan.0, rescan.1)
             .env_remove("POD_UID");
         let started = Instant::now();
         let process = {
@@ -484,6 +488,15 @@ impl Testbed for LocalTestbed {
             .with_slot(node, kind, |_, s| s.process.as_ref().map(HostProcess::pid))
             .ok()??;
         rss_kib(pid)
+    }
+
+    fn fixture_sysfs(&self, node: &str) -> Result<PathBuf> {
+        let nodes = self.lock_nodes()?;
+        nodes
+            .iter()
+            .find(|n| n.info.name == node)
+            .map(|n| n.info.fixture.sys.clone())
+            .ok_or_else(|| Error::Testbed(format!("no node {node}")))
     }
 
     fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>> {

@@ -83,6 +83,20 @@ impl DriverKind {
     }
 }
 
+/// The drivers' periodic rescan interval on every testbed
+/// (`RESCAN_INTERVAL_SECONDS`): fixtures produce no uevents, so a fault
+/// injected into a fixture is seen at the next periodic rescan, at most this
+/// long after the injection (the health scenarios' "rescan trigger").
+pub const RESCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `(name, value)` of the environment variable that sets [`RESCAN_INTERVAL`].
+pub fn rescan_interval_env() -> (String, String) {
+    (
+        "RESCAN_INTERVAL_SECONDS".into(),
+        RESCAN_INTERVAL.as_secs().to_string(),
+    )
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct LocalOptions {
@@ -244,6 +258,9 @@ pub trait Testbed: Send + Sync {
     async fn driver_metrics(&self, node: &str, kind: DriverKind) -> Result<String>;
     /// Resident memory of the driver process, KiB.
     fn driver_rss_kib(&self, node: &str, kind: DriverKind) -> Option<u64>;
+    /// Where the drivers' sysfs tree of `node` (its fixture's `sys/`) is on
+    /// this machine, for [`sysfs_fixtures::health::inject`] and `clear`.
+    fn fixture_sysfs(&self, node: &str) -> Result<PathBuf>;
     /// File names in the node's CDI spec directory.
     fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>>;
     /// The driver's checkpoint on `node` (`None` before its first prepare).

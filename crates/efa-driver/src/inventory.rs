@@ -6,16 +6,29 @@
 //! scan reads a few files per PCI function (see `benches/rescan.rs` for its
 //! measured cost). An EFA that is present but unusable is logged once when
 //! it becomes unusable (not on every rescan) and counted in the metrics.
+//!
+//! Health ([`crate::health`]): each scan reads the counters of every EFA.
+//! An EFA that was published and then vanished or lost its `efa` binding
+//! stays published, tainted `device-lost` (fatal): EC2 does not detach an
+//! EFA from a running instance, so that is a failure, and pods bound to it
+//! must see it rather than a silently shrinking pool. It is published again
+//! untainted when it comes back; a driver restart forgets it.
 
 use std::collections::BTreeMap;
 
 use dra_core::cli::NoExtraArgs;
-use dra_core::{DeviceInventory, HostPaths, ScannedDevice};
+use std::time::Instant;
+
+use dra_core::{
+    DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
+};
+use k8s_openapi::api::resource::v1::Device;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use topology::{PciAddress, SysfsRoot};
 
 use crate::attributes;
 use crate::discovery::{self, DiscoveryError, UnusableReason};
+use crate::health::{self, CounterSample};
 use crate::prepare::EfaDriver;
 
 /// Subsystems whose events can change the EFA set.
@@ -73,6 +86,10 @@ pub struct EfaInventory {
     dev_root: std::path::PathBuf,
     unusable: BTreeMap<PciAddress, UnusableReason>,
     metrics: Option<EfaMetrics>,
+    /// Every EFA published so far, by device name, as last published.
+    published: BTreeMap<String, Device>,
+    /// The last counter sample of each EFA, for the error rates.
+    samples: BTreeMap<String, CounterSample>,
 }
 
 impl EfaInventory {
@@ -82,6 +99,8 @@ impl EfaInventory {
             dev_root: host.dev_root.clone(),
             unusable: BTreeMap::new(),
             metrics,
+            published: BTreeMap::new(),
+            samples: BTreeMap::new(),
         }
     }
 
@@ -123,15 +142,57 @@ impl DeviceInventory for EfaInventory {
         Ok(Self::new(host, Some(EfaMetrics::register(metrics)?)))
     }
 
-    /// Every usable EFA, in PCI address order, healthy (health signals are
-    /// not read yet).
+    /// Every usable EFA with its health, and every EFA published before
+    /// that is now gone or unbound (tainted `device-lost`), in name order.
     fn scan(&mut self) -> Result<Vec<ScannedDevice>, InventoryError> {
         let found = discovery::discover(&self.root)?;
         self.note_unusable(&found.unusable);
-        Ok(attributes::devices(&found)
-            .into_iter()
-            .map(ScannedDevice::healthy)
-            .collect())
+        let now = Instant::now();
+        let ib_class = self.root.class_dir("infiniband");
+        let mut samples = BTreeMap::new();
+        let mut out: BTreeMap<String, ScannedDevice> = BTreeMap::new();
+        for (efa, device) in found.efas.iter().zip(attributes::devices(&found)) {
+            let (conditions, sample) = health::read(
+                &ib_class.join(&efa.rdma_device),
+                self.samples.get(&device.name),
+                now,
+            );
+            if let Some(sample) = sample {
+                samples.insert(device.name.clone(), sample);
+            }
+            self.published.insert(device.name.clone(), device.clone());
+            out.insert(
+                device.name.clone(),
+                ScannedDevice {
+                    device,
+                    health: DeviceHealth { conditions },
+                },
+            );
+        }
+        for (name, device) in &self.published {
+            if out.contains_key(name) {
+                continue;
+            }
+            let unbound = self
+                .unusable
+                .keys()
+                .any(|a| attributes::device_name(*a) == *name);
+            out.insert(
+                name.clone(),
+                ScannedDevice {
+                    device: device.clone(),
+                    health: DeviceHealth {
+                        conditions: vec![HealthCondition {
+                            dimension: "device-lost".into(),
+                            severity: Severity::Fatal,
+                            value: if unbound { "unbound" } else { "vanished" }.into(),
+                        }],
+                    },
+                },
+            );
+        }
+        self.samples = samples;
+        Ok(out.into_values().collect())
     }
 
     fn driver(&self) -> EfaDriver {

@@ -9,6 +9,7 @@
 pub mod attributes;
 pub mod config;
 pub mod discovery;
+pub mod health;
 pub mod inventory;
 pub mod prepare;
 pub mod safety;

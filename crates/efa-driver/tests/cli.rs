@@ -83,3 +83,56 @@ fn discover_m5_prints_an_empty_pool_and_bad_root_fails() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("nowhere"), "{stderr}");
 }
+
+/// `(device, key, effect)` of every taint in the List `discover` printed.
+fn taints(f: &sysfs_fixtures::Fixture) -> Vec<(String, String, String)> {
+    let out = discover(f, "json");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    items(&value)
+        .iter()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .flat_map(|d| {
+            d.taints
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |t| (d.name.clone(), t.key, t.effect))
+        })
+        .collect()
+}
+
+#[test]
+fn discover_taints_only_the_efa_whose_admin_queue_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
+    assert_eq!(taints(&f), vec![], "healthy fixture: no taints");
+    let efa = &f.efas[5];
+    sysfs_fixtures::health::inject(
+        &f.sys,
+        &sysfs_fixtures::health::Fault::EfaAdminQueueClosed {
+            ibdev: efa.ibdev.clone(),
+        },
+    )
+    .unwrap();
+    let name = efa_driver::attributes::device_name(efa.bdf.parse().unwrap());
+    let got = taints(&f);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (device, key, effect) = &got[0];
+    assert_eq!(device, &name);
+    assert!(key.starts_with("efa.networking.k8s.aws/"), "{key}");
+    assert_eq!(key, "efa.networking.k8s.aws/admin-queue-closed");
+    assert_eq!(effect, "NoSchedule");
+}
+
+#[test]
+fn discover_healthy_fixtures_have_no_taints() {
+    for it in sysfs_fixtures::instance_types() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = sysfs_fixtures::generate(it, dir.path()).unwrap();
+        assert_eq!(taints(&f), vec![], "{it}");
+    }
+}

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dra_core::HostPaths;
-use dra_core::rescan::{RescanConfig, RescanMetrics, Rescanner, Trigger};
+use dra_core::rescan::{PoolId, RescanConfig, RescanMetrics, Rescanner, Trigger};
 use efa_driver::EfaInventory;
 use efa_driver::attributes::device_name;
 use efa_driver::inventory::EfaMetrics;
@@ -28,6 +28,26 @@ fn name(f: &Fixture, i: usize) -> String {
     device_name(f.efas[i].bdf.parse::<PciAddress>().unwrap())
 }
 
+/// The devices tainted `device-lost`, with the taint's value, sorted by
+/// value then name.
+fn lost(rx: &watch::Receiver<Vec<Device>>) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = rx
+        .borrow()
+        .iter()
+        .flat_map(|d| {
+            d.taints
+                .iter()
+                .flatten()
+                .filter(|t| {
+                    t.key == "efa.networking.k8s.aws/device-lost" && t.effect == "NoSchedule"
+                })
+                .map(|t| (d.name.clone(), t.value.clone().unwrap_or_default()))
+        })
+        .collect();
+    out.sort_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)));
+    out
+}
+
 async fn next(rx: &mut watch::Receiver<Vec<Device>>) -> Vec<String> {
     tokio::time::timeout(Duration::from_secs(10), rx.changed())
         .await
@@ -44,7 +64,15 @@ async fn periodic_rescan_follows_add_remove_unbind() {
     let metrics = EfaMetrics::register(&registry).unwrap();
     let rescans = RescanMetrics::register(&registry, "efa_driver").unwrap();
     let inv = EfaInventory::new(&host(&f), Some(metrics.clone()));
-    let (rescanner, feeds) = Rescanner::new(inv, "node", None, Some(rescans.clone()));
+    let (rescanner, feeds) = Rescanner::new(
+        inv,
+        PoolId {
+            driver: "efa.networking.k8s.aws",
+            pool: "node",
+        },
+        None,
+        Some(rescans.clone()),
+    );
     assert!(rescanner.rescan(Trigger::Start).await.unwrap());
     assert_eq!(feeds.devices.borrow().len(), 32);
     assert!(
@@ -61,15 +89,23 @@ async fn periodic_rescan_follows_add_remove_unbind() {
     let task = tokio::spawn(rescanner.run(trigger_rx, config));
     drop(feeds);
 
+    // A published EFA that vanishes or is unbound stays published, tainted
+    // device-lost: EC2 does not detach EFAs from running instances.
     f.remove_efa(&f.efas[3].bdf).unwrap();
     let got = next(&mut rx).await;
-    assert_eq!(got.len(), 31);
-    assert!(!got.contains(&name(&f, 3)));
+    assert_eq!(got.len(), 32);
+    assert_eq!(lost(&rx), vec![(name(&f, 3), "vanished".to_string())]);
 
     f.unbind_driver(&f.efas[10].bdf).unwrap();
     let got = next(&mut rx).await;
-    assert_eq!(got.len(), 30);
-    assert!(!got.contains(&name(&f, 10)));
+    assert_eq!(got.len(), 32);
+    assert_eq!(
+        lost(&rx),
+        vec![
+            (name(&f, 10), "unbound".to_string()),
+            (name(&f, 3), "vanished".to_string())
+        ]
+    );
     assert_eq!(
         metrics
             .unusable
@@ -80,11 +116,12 @@ async fn periodic_rescan_follows_add_remove_unbind() {
 
     f.bind_driver(&f.efas[10].bdf).unwrap();
     f.add_efa(&f.efas[3].bdf).unwrap();
-    // Both may land in one rescan or two; wait until all 32 are back.
-    let mut got = next(&mut rx).await;
-    while got.len() != 32 {
-        got = next(&mut rx).await;
+    // Both may land in one rescan or two; wait until neither is lost.
+    next(&mut rx).await;
+    while !lost(&rx).is_empty() {
+        next(&mut rx).await;
     }
+    let got = names(&rx.borrow());
     assert!(got.contains(&name(&f, 3)) && got.contains(&name(&f, 10)));
     assert_eq!(rescans.devices.get(), 32);
     assert_eq!(
@@ -111,7 +148,15 @@ async fn periodic_rescan_follows_add_remove_unbind() {
 async fn a_uevent_trigger_rescans_without_waiting_for_the_interval() {
     let dir = tempfile::tempdir().unwrap();
     let f = generate("trn2.48xlarge", dir.path()).unwrap();
-    let (rescanner, feeds) = Rescanner::new(EfaInventory::new(&host(&f), None), "node", None, None);
+    let (rescanner, feeds) = Rescanner::new(
+        EfaInventory::new(&host(&f), None),
+        PoolId {
+            driver: "efa.networking.k8s.aws",
+            pool: "node",
+        },
+        None,
+        None,
+    );
     rescanner.rescan(Trigger::Start).await.unwrap();
     assert_eq!(feeds.devices.borrow().len(), 16);
     let mut rx = feeds.devices.clone();
@@ -125,8 +170,8 @@ async fn a_uevent_trigger_rescans_without_waiting_for_the_interval() {
     f.remove_efa(&f.efas[0].bdf).unwrap();
     trigger_tx.send(Trigger::Uevent).await.unwrap();
     let got = next(&mut rx).await;
-    assert_eq!(got.len(), 15);
-    assert!(!got.contains(&name(&f, 0)));
+    assert_eq!(got.len(), 16, "kept, tainted");
+    assert_eq!(lost(&rx), vec![(name(&f, 0), "vanished".to_string())]);
 }
 
 #[tokio::test]

@@ -14,13 +14,15 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use dra_core::cli::NoExtraArgs;
-use dra_core::{DeviceInventory, HostPaths, ScannedDevice};
+use dra_core::{DeviceHealth, DeviceInventory, HostPaths, ScannedDevice};
+use k8s_openapi::api::resource::v1::Device;
 use prometheus::Registry;
 use topology::SysfsRoot;
 
 use crate::attributes::devices;
 use crate::bdf::{BdfSource, NeuronIoctl};
 use crate::discovery::{BdfCache, DiscoveryError, discover};
+use crate::health;
 use crate::prepare::{NeuronDriver, SharedInventory};
 
 /// Subsystems whose uevents can change the chip set.
@@ -53,6 +55,11 @@ impl NeuronInventory {
     }
 }
 
+/// The chip a device is on (its `deviceId` attribute).
+fn chip_index(device: &Device) -> Option<i64> {
+    device.attributes.as_ref()?.get("deviceId")?.int
+}
+
 impl DeviceInventory for NeuronInventory {
     type Flags = NoExtraArgs;
     type Error = DiscoveryError;
@@ -63,7 +70,7 @@ impl DeviceInventory for NeuronInventory {
         Ok(Self::new(host, Box::new(NeuronIoctl)))
     }
 
-    /// Every chip, by index, healthy (health signals are not read yet).
+    /// Every device with the health of its chip ([`crate::health`]).
     fn scan(&mut self) -> Result<Vec<ScannedDevice>, DiscoveryError> {
         let inventory = discover(
             &self.sysfs,
@@ -71,9 +78,18 @@ impl DeviceInventory for NeuronInventory {
             self.bdf.as_ref(),
             &mut self.cache,
         )?;
+        let class = self.sysfs.class_dir("neuron_device");
         let scanned = devices(&inventory)
             .into_iter()
-            .map(ScannedDevice::healthy)
+            .map(|device| {
+                let conditions = chip_index(&device)
+                    .map(|chip| health::read(&class.join(format!("neuron{chip}"))))
+                    .unwrap_or_default();
+                ScannedDevice {
+                    device,
+                    health: DeviceHealth { conditions },
+                }
+            })
             .collect();
         // A poisoned lock only means a reader panicked; the value is whole.
         *self.shared.write().unwrap_or_else(|e| e.into_inner()) = inventory;

@@ -15,6 +15,7 @@ pub mod attributes;
 pub mod bdf;
 pub mod config;
 pub mod discovery;
+pub mod health;
 pub mod inventory;
 pub mod lnc;
 pub mod prepare;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use dra_core::config::{config_for_request, decode_allocation_configs};
-use dra_core::rescan::{RescanConfig, Rescanner, Trigger};
+use dra_core::rescan::{PoolId, RescanConfig, Rescanner, Trigger};
 use dra_core::{AllocatedDevice, ClaimRef, Driver};
 use dra_core::{DeviceInventory, HostPaths};
 use k8s_openapi::api::resource::v1::{
@@ -337,7 +337,15 @@ fn a_uevent_triggers_a_rescan() {
         .unwrap();
     rt.block_on(async {
         let inventory = NeuronInventory::new(&host(&fx), Box::new(fixture_bdf(&fx)));
-        let (rescanner, feeds) = Rescanner::new(inventory, "node", None, None);
+        let (rescanner, feeds) = Rescanner::new(
+            inventory,
+            PoolId {
+                driver: "neuron.aws.com",
+                pool: "node",
+            },
+            None,
+            None,
+        );
         rescanner.rescan(Trigger::Start).await.unwrap();
         let mut rx = feeds.devices.clone();
         let (uevent_tx, uevent_rx) = tokio::sync::mpsc::channel(1);
@@ -601,4 +609,58 @@ fn discover_binary_on_a_node_without_chips() {
     let items = out["items"].as_array().unwrap();
     assert_eq!(items.len(), 1);
     assert!(items[0]["spec"].get("devices").is_none());
+}
+
+/// `(device, key, effect)` of every taint `discover` printed.
+fn discover_taints(fx: &Fixture) -> Vec<(String, String, String)> {
+    let out: serde_json::Value = serde_json::from_str(&discover_bin(fx, &[])).unwrap();
+    let mut got = Vec::new();
+    for item in out["items"].as_array().unwrap() {
+        for d in item["spec"]["devices"].as_array().into_iter().flatten() {
+            for t in d["taints"].as_array().into_iter().flatten() {
+                got.push((
+                    d["name"].as_str().unwrap().to_owned(),
+                    t["key"].as_str().unwrap().to_owned(),
+                    t["effect"].as_str().unwrap().to_owned(),
+                ));
+            }
+        }
+    }
+    got
+}
+
+#[test]
+fn discover_taints_only_the_chip_with_uncorrected_sram_ecc() {
+    let (_dir, fx) = fixture("trn2.48xlarge");
+    assert_eq!(discover_taints(&fx), vec![], "healthy fixture: no taints");
+    sysfs_fixtures::health::inject(
+        &fx.sys,
+        &sysfs_fixtures::health::Fault::NeuronSramUncorrected { chip: 6 },
+    )
+    .unwrap();
+    let got = discover_taints(&fx);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (device, key, effect) = &got[0];
+    assert_eq!(device, "neuron-device-6");
+    assert!(key.starts_with("neuron.aws.com/"), "{key}");
+    assert_eq!(key, "neuron.aws.com/sram-ecc-uncorrected");
+    assert_eq!(effect, "NoSchedule");
+}
+
+#[test]
+fn discover_repairable_hbm_gets_its_own_no_schedule_key() {
+    let (_dir, fx) = fixture("inf2.48xlarge");
+    sysfs_fixtures::health::inject(
+        &fx.sys,
+        &sysfs_fixtures::health::Fault::NeuronHbmRepairable { chip: 0 },
+    )
+    .unwrap();
+    assert_eq!(
+        discover_taints(&fx),
+        vec![(
+            "neuron-device-0".to_owned(),
+            "neuron.aws.com/hbm-ecc-repairable".to_owned(),
+            "NoSchedule".to_owned()
+        )]
+    );
 }

@@ -24,6 +24,8 @@
 //!   `core_count`, `dev`, `reset`, `info/architecture/*`), `dev/neuronN`
 //!   (major [`NEURON_MAJOR`], minor N). As on real hosts nothing in sysfs
 //!   links `neuronN` to its PCI function: [`Fixture::neuron_chips`] has it;
+//! - health counters of EFAs and Neuron chips, zeroed, and faults to inject
+//!   into them ([`health`]);
 //! - NVIDIA GPUs (driver `nvidia`, `dev/nvidiaN` 195:N, `dev/nvidiactl`),
 //!   ENA (`net/<ifname>`, `sys/class/net/<ifname>`), NVMe decoys;
 //! - `sys/devices/virtual/dmi/id/product_name`, `sys/module/<m>/version`,
@@ -33,6 +35,7 @@
 //! (root with `CAP_MKNOD`), empty plain files otherwise
 //! ([`Fixture::device_nodes`] says which).
 
+pub mod health;
 pub mod spec;
 mod write;
 

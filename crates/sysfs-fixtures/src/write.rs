@@ -297,6 +297,7 @@ impl Writer<'_> {
                 self.write(ibdir.join("ports/1/state"), "4: ACTIVE\n")?;
                 self.write(ibdir.join("ports/1/phys_state"), "5: LinkUp\n")?;
                 self.write(ibdir.join("ports/1/link_layer"), "Unspecified\n")?;
+                crate::health::write_efa_counters(&self.sys.join(&ibdir))?;
                 let vdir = dir.join("infiniband_verbs").join(format!("uverbs{n}"));
                 self.write(vdir.join("ibdev"), &format!("{ib}\n"))?;
                 self.write(vdir.join("abi_version"), "1\n")?;
@@ -349,6 +350,11 @@ impl Writer<'_> {
                         &format!("{}\n", s.instance_label),
                     )?;
                 }
+                crate::health::write_neuron_counters(
+                    self.sys,
+                    *index,
+                    spec.map_or(0, |s| s.core_count),
+                )?;
                 self.link(cdir.join("subsystem"), "class/neuron_device")?;
                 self.link(format!("class/neuron_device/neuron{index}"), &cdir)?;
                 self.char_dev(&format!("neuron{index}"), NEURON_MAJOR, *index)?;

@@ -22,6 +22,10 @@ use super::validate::{ValidationIssue, log_issues, validate_devices};
 
 /// Most devices the API server accepts in one ResourceSlice (1.34).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Most devices in one slice when any of them has taints or consumes
+/// counters (`ResourceSliceMaxDevicesWithAdvancedFeatures` in the 1.37 API
+/// validation).
+pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
 
 /// Longest object name (DNS subdomain).
 const MAX_OBJECT_NAME_LEN: usize = 253;
@@ -71,13 +75,21 @@ pub fn desired_pool(
     let (mut devices, issues) = validate_devices(driver, devices);
     devices.sort_by(|a, b| a.name.cmp(&b.name));
     let device_count = devices.len();
+    // The limit is per slice, but one size for the pool keeps the slice
+    // boundaries independent of which device happens to be tainted.
+    let advanced = devices.iter().any(|d| {
+        d.taints.as_ref().is_some_and(|t| !t.is_empty())
+            || d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+    });
+    let per_slice = if advanced {
+        MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    } else {
+        MAX_DEVICES_PER_SLICE
+    };
     let chunks: Vec<Vec<Device>> = if devices.is_empty() {
         vec![Vec::new()]
     } else {
-        devices
-            .chunks(MAX_DEVICES_PER_SLICE)
-            .map(<[Device]>::to_vec)
-            .collect()
+        devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
     };
     let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
     let slices = chunks
@@ -226,6 +238,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_tainted_device_repacks_the_pool_by_64() {
+        use k8s_openapi::api::resource::v1::DeviceTaint;
+        let mut input = devices(130);
+        input[7].taints = Some(vec![DeviceTaint {
+            key: format!("{DRIVER}/admin-queue-closed"),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        let pool = desired_pool(DRIVER, "node-a", None, &input);
+        let sizes: Vec<usize> = pool
+            .slices
+            .iter()
+            .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+            .collect();
+        assert_eq!(sizes, vec![64, 64, 2]);
     }
 
     #[test]

@@ -9,6 +9,13 @@
 //! awaits the API server and its inputs, so it never blocks the kubelet-facing
 //! part of the process; it ends when `shutdown` completes.
 //!
+//! An API server whose `DRADeviceTaints` gate is off (1.34, 1.35 by
+//! default) drops device `taints` on write without an error. Comparing what
+//! it wrote with what it reads back would then find drift after every
+//! write, forever. So the publisher looks at what each write returned: when
+//! the taints it sent are gone, it logs that once and publishes without
+//! taints from then on (health still reaches kubelet's health stream).
+//!
 //! After its own writes it waits (bounded by [`WRITE_SETTLE_TIMEOUT`]) until
 //! the watch has delivered them, so a reconcile never runs on a store that does
 //! not yet contain our last write: that would cause needless conflicts.
@@ -29,6 +36,7 @@ use super::backoff::{Backoff, BackoffConfig};
 use super::desired::{DesiredPool, NodeOwner, desired_pool};
 use super::reconcile::{SliceAction, reconcile};
 use super::validate::{is_dns_subdomain, log_issues};
+use crate::taints::{any_tainted, without_taints};
 
 /// Longest wait for the watch to show our own writes before reconciling anyway.
 pub const WRITE_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -60,6 +68,9 @@ pub struct PublishMetrics {
     /// `dra_device_validation_issues_total{action,reason}`: attributes or
     /// devices dropped/shortened by validation.
     pub validation_issues: IntCounterVec,
+    /// `dra_publish_taints_dropped`: 1 once the API server was seen dropping
+    /// device taints (publishing continues without them).
+    pub taints_dropped: IntGauge,
 }
 
 impl PublishMetrics {
@@ -95,12 +106,17 @@ impl PublishMetrics {
                 ),
                 &["action", "reason"],
             )?,
+            taints_dropped: IntGauge::new(
+                "dra_publish_taints_dropped",
+                "1 once the API server dropped the device taints the driver wrote (DRADeviceTaints off).",
+            )?,
         };
         registry.register(Box::new(m.published_devices.clone()))?;
         registry.register(Box::new(m.publish_errors.clone()))?;
         registry.register(Box::new(m.last_success.clone()))?;
         registry.register(Box::new(m.slice_writes.clone()))?;
         registry.register(Box::new(m.validation_issues.clone()))?;
+        registry.register(Box::new(m.taints_dropped.clone()))?;
         Ok(m)
     }
 }
@@ -152,7 +168,14 @@ impl PublisherConfig {
         )
     }
 
-    fn desired(&self, devices: &[Device]) -> DesiredPool {
+    fn desired(&self, devices: &[Device], taints_supported: bool) -> DesiredPool {
+        let stripped;
+        let devices = if taints_supported {
+            devices
+        } else {
+            stripped = without_taints(devices);
+            &stripped
+        };
         let pool = desired_pool(
             &self.driver_name,
             &self.node_name,
@@ -185,7 +208,8 @@ pub async fn run(
     let mut events = std::pin::pin!(events);
     let mut shutdown = std::pin::pin!(shutdown);
 
-    let mut desired = config.desired(&devices.borrow_and_update());
+    let mut taints_supported = true;
+    let mut desired = config.desired(&devices.borrow_and_update(), taints_supported);
     let mut devices_open = true;
     let mut synced = false;
     let mut dirty = true;
@@ -210,7 +234,19 @@ pub async fn run(
                 () = &mut shutdown => break,
             };
             match applied {
-                Ok(()) => {
+                Ok(Applied {
+                    taints_dropped: true,
+                }) if taints_supported => {
+                    taints_supported = false;
+                    tracing::warn!(
+                        "the API server dropped the device taints we wrote (DRADeviceTaints is off); \
+                         publishing without taints from now on, health still reaches kubelet"
+                    );
+                    metrics.taints_dropped.set(1);
+                    desired = config.desired(&devices.borrow(), taints_supported);
+                    dirty = true;
+                }
+                Ok(_) => {
                     backoff.reset();
                     metrics
                         .published_devices
@@ -235,7 +271,7 @@ pub async fn run(
             () = &mut shutdown => break,
             changed = devices.changed(), if devices_open => match changed {
                 Ok(()) => {
-                    desired = config.desired(&devices.borrow_and_update());
+                    desired = config.desired(&devices.borrow_and_update(), taints_supported);
                     dirty = true;
                 }
                 Err(_) => {
@@ -294,6 +330,19 @@ fn unix_now() -> f64 {
         .unwrap_or(0.0)
 }
 
+/// What a successful [`apply`] learnt.
+#[derive(Debug, Default)]
+struct Applied {
+    /// A write sent device taints and the stored object has none.
+    taints_dropped: bool,
+}
+
+/// Did the API server drop the taints of `sent` in what it `stored`?
+fn taints_dropped(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
+    let devices = |s: &ResourceSlice| s.spec.devices.clone().unwrap_or_default();
+    any_tainted(&devices(sent)) && !any_tainted(&devices(stored))
+}
+
 /// Applies actions in order, stopping at the first failure (the next
 /// reconcile recomputes from what the watch shows). Logs one line per action.
 async fn apply(
@@ -301,7 +350,8 @@ async fn apply(
     actions: Vec<SliceAction>,
     pending: &mut PendingWrites,
     metrics: &PublishMetrics,
-) -> Result<(), ()> {
+) -> Result<Applied, ()> {
+    let mut applied = Applied::default();
     for action in actions {
         let verb = action.verb();
         let name = action.slice_name().to_owned();
@@ -313,14 +363,18 @@ async fn apply(
             SliceAction::Delete { .. } => (0, 0),
         };
         let result = match action {
-            SliceAction::Create(s) => api
-                .create(&PostParams::default(), &s)
-                .await
-                .map(|s| pending.wrote(&s)),
-            SliceAction::Update(s) => api
-                .replace(&name, &PostParams::default(), &s)
-                .await
-                .map(|s| pending.wrote(&s)),
+            SliceAction::Create(s) => api.create(&PostParams::default(), &s).await.map(|stored| {
+                applied.taints_dropped |= taints_dropped(&s, &stored);
+                pending.wrote(&stored)
+            }),
+            SliceAction::Update(s) => {
+                api.replace(&name, &PostParams::default(), &s)
+                    .await
+                    .map(|stored| {
+                        applied.taints_dropped |= taints_dropped(&s, &stored);
+                        pending.wrote(&stored)
+                    })
+            }
             SliceAction::Delete { name, uid } => {
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
@@ -352,7 +406,7 @@ async fn apply(
             }
         }
     }
-    Ok(())
+    Ok(applied)
 }
 
 /// Our own writes that the watch has not delivered yet.
@@ -452,6 +506,31 @@ impl PendingWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dropped_taints_are_noticed() {
+        use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSliceSpec};
+        let slice = |tainted: bool| ResourceSlice {
+            spec: ResourceSliceSpec {
+                devices: Some(vec![Device {
+                    name: "d".into(),
+                    taints: tainted.then(|| {
+                        vec![DeviceTaint {
+                            key: "x.example.com/y".into(),
+                            effect: "NoSchedule".into(),
+                            ..Default::default()
+                        }]
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(taints_dropped(&slice(true), &slice(false)));
+        assert!(!taints_dropped(&slice(true), &slice(true)));
+        assert!(!taints_dropped(&slice(false), &slice(false)));
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn slice(name: &str, uid: &str, rv: &str) -> ResourceSlice {
@@ -552,16 +631,19 @@ mod tests {
         let reg = Registry::new();
         let metrics = PublishMetrics::register(&reg).expect("register");
         let c = PublisherConfig::new("d.io", "n", None, metrics.clone()).expect("valid");
-        let pool = c.desired(&[
-            Device {
-                name: "BAD".into(),
-                ..Default::default()
-            },
-            Device {
-                name: "ok".into(),
-                ..Default::default()
-            },
-        ]);
+        let pool = c.desired(
+            &[
+                Device {
+                    name: "BAD".into(),
+                    ..Default::default()
+                },
+                Device {
+                    name: "ok".into(),
+                    ..Default::default()
+                },
+            ],
+            true,
+        );
         assert_eq!(pool.device_count, 1);
         assert_eq!(
             metrics

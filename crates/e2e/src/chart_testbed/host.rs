@@ -47,6 +47,9 @@ pub struct NodeLayout {
     /// The fixture hardware (for the expected device counts).
     pub fixture: Fixture,
     pub paths: HostPaths,
+    /// Where `paths.sysfs_root` is on the machine running the suite (where
+    /// the scenarios inject faults).
+    pub host_sysfs: PathBuf,
 }
 
 /// How the DaemonSets are deployed on a host's cluster.

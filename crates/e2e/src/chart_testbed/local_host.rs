@@ -12,8 +12,8 @@ use crate::error::{Error, Result, io};
 use crate::host_env::{driver_bin_dir, rss_kib};
 use crate::pod_adapt::adapt_pod_for_local;
 use crate::process::run_checked;
-use crate::testbed::DriverKind;
 use crate::testbed::LocalOptions;
+use crate::testbed::{DriverKind, rescan_interval_env};
 use crate::versions::KubernetesVersion;
 
 use super::host::{
@@ -182,6 +182,7 @@ impl ChartHost for LocalChartHost {
                     "KUBERNETES_SERVICE_PORT".into(),
                     self.api_host_port.1.clone(),
                 ),
+                rescan_interval_env(),
             ],
             // Nodes without CNI stay NotReady (tainted).
             tolerations: Some(json!([{"operator": "Exists"}])),
@@ -215,6 +216,7 @@ impl ChartHost for LocalChartHost {
                 sysfs_root: fixture.sys.display().to_string(),
                 dev_root: fixture.dev.display().to_string(),
             },
+            host_sysfs: fixture.sys.clone(),
             fixture,
         })
     }

@@ -195,6 +195,10 @@ impl<H: ChartHost> Testbed for ChartTestbed<H> {
         self.host.container_rss_kib(&node_name, &id)
     }
 
+    fn fixture_sysfs(&self, node: &str) -> Result<PathBuf> {
+        Ok(self.layout(node)?.host_sysfs)
+    }
+
     fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>> {
         let l = self.layout(node)?;
         let mut names = self.host.list_dir(&l.node_name, &l.paths.cdi_root)?;

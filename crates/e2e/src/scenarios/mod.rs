@@ -18,6 +18,7 @@
 
 mod allocate;
 mod charts;
+mod health;
 pub mod kit;
 mod lifecycle;
 mod publish;
@@ -96,6 +97,10 @@ scenarios! {
         => charts::chart_objects;
     s14_device_taint_rule [DeviceTaintRules] "an admin's DeviceTaintRule takes one EFA out of new allocations; a toleration still gets it"
         => taints::device_taint_rule;
+    s15_health_taints [DeviceTaints, ResourceHealthStatus] "a fault under a running pod: NoSchedule taint within a rescan + 5 s, Unhealthy in the pod status, new claims Pending unless they tolerate it"
+        => health::fault_taints;
+    s16_taints_dropped [] "on a server without DRADeviceTaints a fault neither crashes the driver nor rewrites its slices"
+        => health::taints_dropped;
 }
 
 /// The scenario called `name`.
@@ -185,8 +190,15 @@ mod tests {
         assert!(s14.skip_reason(r37).is_none());
         let why = s14.skip_reason(r34).unwrap();
         assert!(why.contains("DRADeviceTaintRules"), "{why}");
+        let s15 = find("s15_health_taints").unwrap();
+        assert!(s15.skip_reason(r37).is_none());
+        let why = s15.skip_reason(r34).unwrap();
+        assert!(why.contains("DRADeviceTaints"), "{why}");
         // Everything else runs on every release we test.
-        for s in SCENARIOS.iter().filter(|s| s.name != s14.name) {
+        for s in SCENARIOS
+            .iter()
+            .filter(|s| s.name != s14.name && s.name != s15.name)
+        {
             assert_eq!(s.skip_reason(r34), None, "{}", s.name);
         }
     }
