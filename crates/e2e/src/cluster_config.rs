@@ -1,7 +1,7 @@
 //! What a local cluster is made of, before anything starts: the node specs,
 //! the cluster configuration, the addresses and ports it uses, and the
 //! checks on names that end up in paths. Both [`crate::cluster`] and
-//! [`crate::node`] build on it.
+//! `node.rs` build on it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

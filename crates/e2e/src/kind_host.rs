@@ -4,7 +4,7 @@
 //! `xtask` brings the cluster up (its config: [`CLUSTER_NAME`], one worker
 //! per role labelled [`ROLE_LABEL`]`=<role>` and with its instance type, its
 //! fixture tree bind-mounted at [`FIXTURE_MOUNT`]) and loads the images; this
-//! host then gives [`ChartTestbed`](crate::chart_testbed::ChartTestbed) what
+//! host then gives [`ChartTestbed`] what
 //! it needs: nodes found by their role label (kind generates node names), one
 //! release per chart with the kubelet's standard paths, files and processes
 //! of a node reached with `docker exec <node> …` (a kind node is a container
@@ -12,7 +12,7 @@
 //!
 //! Limits: this machine has no Docker engine, so the host has only been run
 //! against the `docker` stand-in of its unit tests; the shared scenarios and
-//! [`ChartTestbed`](crate::chart_testbed::ChartTestbed) themselves run on the
+//! [`ChartTestbed`] themselves run on the
 //! local cluster (`tests/scenarios_chart.rs`).
 
 use std::path::{Path, PathBuf};

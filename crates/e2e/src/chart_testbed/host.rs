@@ -16,7 +16,7 @@ pub const RUN_LABEL_PREFIX: &str = "e2e.aws-dra.dev/";
 /// Pod label naming the driver binary, on every driver pod of this testbed.
 pub const POD_DRIVER_LABEL: &str = "e2e.aws-dra.dev/driver";
 /// Reference of the image with all three driver binaries in
-/// `/usr/local/bin` (built by [`driver_image_spec`] here; the kind host loads
+/// `/usr/local/bin` (built by [`driver_image_spec`](super::local_host::driver_image_spec) here; the kind host loads
 /// the same archive).
 pub const DRIVERS_IMAGE_REPOSITORY: &str = "localhost/aws-dra-e2e/drivers";
 pub const DRIVERS_IMAGE_TAG: &str = "e2e";
@@ -71,7 +71,7 @@ pub struct Deployment {
     pub unique_metrics_ports: bool,
 }
 
-/// What a cluster must offer [`ChartTestbed`].
+/// What a cluster must offer [`ChartTestbed`](super::ChartTestbed).
 #[allow(async_fn_in_trait)]
 pub trait ChartHost: Send + Sync {
     fn client(&self) -> kube::Client;

@@ -286,9 +286,9 @@ impl ChartHost for LocalChartHost {
 }
 
 impl ChartTestbed<LocalChartHost> {
-    /// The local cluster of [`crate::local::LocalOptions::default`]'s nodes
+    /// The local cluster of [`crate::testbed::LocalOptions::default`]'s nodes
     /// with the drivers installed from the charts; driver binaries from
-    /// `bin_dir`, or where [`crate::local::driver_bin_dir`] finds them.
+    /// `bin_dir`, or where [`crate::host_env::driver_bin_dir`] finds them.
     pub async fn start_local(options: &LocalOptions) -> Result<Self> {
         let bin_dir = match &options.bin_dir {
             Some(d) => d.clone(),

@@ -17,7 +17,7 @@
 //! the container's process, after which kubelet restarts it in the same pod
 //! ([`Testbed::restarts_crashed_drivers`]).
 //!
-//! Two hosts implement [`ChartHost`]: [`LocalChartHost`] (the local cluster
+//! Two hosts implement [`ChartHost`]: [`LocalChartHost`](local_host::LocalChartHost) (the local cluster
 //! of real processes; one release per node and chart, because every local
 //! node has its own kubelet root directory, and host networking, because the
 //! local cluster has no CNI and no kube-proxy) and the kind host of
