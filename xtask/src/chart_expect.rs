@@ -152,6 +152,9 @@ impl Expect {
             sysfs_root: format!("{FIXTURE_MOUNT}/sys"),
             dev_root: format!("{FIXTURE_MOUNT}/dev"),
             extra_args: vec!["--log-format=text".into()],
+            // The kind testbed's extraEnv (the short rescan interval the
+            // health scenarios rely on), exactly as the testbed sets it.
+            extra_env: e2e::kind_host::deployment().extra_env,
             ..Expect::defaults(spec)
         })
     }
