@@ -179,6 +179,19 @@ pub struct Release {
 /// turned `failCgroupV1` on by default, and 1.34 honours it too.
 const CGROUP_V1: &[(&str, &str)] = &[("failCgroupV1", "false")];
 
+/// 1.35 changed no DRA feature's stage: both releases share one list.
+const FEATURES_1_34_AND_1_35: &[(DraFeature, Stage)] = &[
+    (DraFeature::AdminAccess, Stage::BetaOn),
+    (DraFeature::PrioritizedList, Stage::BetaOn),
+    (DraFeature::PartitionableDevices, Stage::Alpha),
+    (DraFeature::ConsumableCapacity, Stage::Alpha),
+    (DraFeature::DeviceTaints, Stage::Alpha),
+    (DraFeature::DeviceTaintRules, Stage::Alpha),
+    (DraFeature::ExtendedResource, Stage::Alpha),
+    (DraFeature::ResourceClaimDeviceStatus, Stage::BetaOn),
+    (DraFeature::ResourceHealthStatus, Stage::Alpha),
+];
+
 /// The releases we know, oldest first.
 pub const RELEASES: &[Release] = &[
     Release {
@@ -187,17 +200,7 @@ pub const RELEASES: &[Release] = &[
         feature_gates: &[],
         runtime_config: &[],
         kubelet_config: CGROUP_V1,
-        features: &[
-            (DraFeature::AdminAccess, Stage::BetaOn),
-            (DraFeature::PrioritizedList, Stage::BetaOn),
-            (DraFeature::PartitionableDevices, Stage::Alpha),
-            (DraFeature::ConsumableCapacity, Stage::Alpha),
-            (DraFeature::DeviceTaints, Stage::Alpha),
-            (DraFeature::DeviceTaintRules, Stage::Alpha),
-            (DraFeature::ExtendedResource, Stage::Alpha),
-            (DraFeature::ResourceClaimDeviceStatus, Stage::BetaOn),
-            (DraFeature::ResourceHealthStatus, Stage::Alpha),
-        ],
+        features: FEATURES_1_34_AND_1_35,
     },
     Release {
         minor: 35,
@@ -205,17 +208,7 @@ pub const RELEASES: &[Release] = &[
         feature_gates: &[],
         runtime_config: &[],
         kubelet_config: CGROUP_V1,
-        features: &[
-            (DraFeature::AdminAccess, Stage::BetaOn),
-            (DraFeature::PrioritizedList, Stage::BetaOn),
-            (DraFeature::PartitionableDevices, Stage::Alpha),
-            (DraFeature::ConsumableCapacity, Stage::Alpha),
-            (DraFeature::DeviceTaints, Stage::Alpha),
-            (DraFeature::DeviceTaintRules, Stage::Alpha),
-            (DraFeature::ExtendedResource, Stage::Alpha),
-            (DraFeature::ResourceClaimDeviceStatus, Stage::BetaOn),
-            (DraFeature::ResourceHealthStatus, Stage::Alpha),
-        ],
+        features: FEATURES_1_34_AND_1_35,
     },
     Release {
         minor: 36,
