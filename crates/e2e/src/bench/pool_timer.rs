@@ -35,9 +35,8 @@ impl PoolTimer {
             driver: driver.to_string(),
         };
         loop {
-            match timer.next_event(Duration::from_secs(30)).await? {
-                Some(true) => return Ok(timer),
-                Some(false) | None => {}
+            if timer.next_event(Duration::from_secs(30)).await? == Some(true) {
+                return Ok(timer);
             }
         }
     }
