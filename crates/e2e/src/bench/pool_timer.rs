@@ -20,7 +20,11 @@ pub struct PoolTimer {
                 + Send,
         >,
     >,
-    slices: BTreeMap<String, ResourceSlice>,
+    /// pool name → slice name → slice.
+    pools: BTreeMap<String, BTreeMap<String, ResourceSlice>>,
+    /// pool name → its devices when complete; kept per event, so a fleet
+    /// of hundreds of pools is not re-examined on every event.
+    complete: BTreeMap<String, usize>,
     driver: String,
 }
 
@@ -31,7 +35,8 @@ impl PoolTimer {
         let config = watcher::Config::default().fields(&format!("spec.driver={driver}"));
         let mut timer = PoolTimer {
             events: Box::pin(watcher::watcher(api, config)),
-            slices: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            complete: BTreeMap::new(),
             driver: driver.to_string(),
         };
         loop {
@@ -53,18 +58,18 @@ impl PoolTimer {
                 ))
             })?
             .ok_or_else(|| Error::Testbed("slice watch ended".into()))?;
-        let name = |s: &ResourceSlice| s.metadata.name.clone().unwrap_or_default();
         Ok(match event {
             Ok(Event::Init) => {
-                self.slices.clear();
+                self.pools.clear();
+                self.complete.clear();
                 Some(false)
             }
             Ok(Event::InitApply(s) | Event::Apply(s)) => {
-                self.slices.insert(name(&s), s);
+                self.update(s, false);
                 Some(false)
             }
             Ok(Event::Delete(s)) => {
-                self.slices.remove(&name(&s));
+                self.update(s, true);
                 Some(false)
             }
             Ok(Event::InitDone) => Some(true),
@@ -72,19 +77,25 @@ impl PoolTimer {
         })
     }
 
+    fn update(&mut self, slice: ResourceSlice, deleted: bool) {
+        let pool = slice.spec.pool.name.clone();
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let slices = self.pools.entry(pool.clone()).or_default();
+        if deleted {
+            slices.remove(&name);
+        } else {
+            slices.insert(name, slice);
+        }
+        let current: Vec<ResourceSlice> = slices.values().cloned().collect();
+        match pool_complete(&current) {
+            Some(devices) => self.complete.insert(pool, devices),
+            None => self.complete.remove(&pool),
+        };
+    }
+
     /// Pools (by pool name) that are complete with `devices` devices now.
     pub fn complete_pools(&self, devices: usize) -> usize {
-        let mut by_pool: BTreeMap<&str, Vec<ResourceSlice>> = BTreeMap::new();
-        for s in self.slices.values() {
-            by_pool
-                .entry(s.spec.pool.name.as_str())
-                .or_default()
-                .push(s.clone());
-        }
-        by_pool
-            .values()
-            .filter(|slices| pool_complete(slices) == Some(devices))
-            .count()
+        self.complete.values().filter(|d| **d == devices).count()
     }
 
     /// Waits until `pools` pools are complete with `devices` devices each;
