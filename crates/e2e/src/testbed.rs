@@ -125,6 +125,8 @@ pub struct LocalOptions {
     pub bin_dir: Option<PathBuf>,
     /// The Kubernetes release to run (default: `AWS_DRA_K8S_VERSION`, else the main release).
     pub kubernetes_version: KubernetesVersion,
+    /// The API server writes an audit log ([`crate::ClusterConfig::audit_log`]).
+    pub audit_log: bool,
 }
 
 impl Default for LocalOptions {
@@ -146,6 +148,7 @@ impl Default for LocalOptions {
             keep_state_dir: false,
             bin_dir: None,
             kubernetes_version: selected_kubernetes_version(),
+            audit_log: false,
         }
     }
 }
