@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow, ensure};
 use serde_json::{Value, json};
 
+use super::agreement;
 use super::kit::{self, Allocated, ProbeReport, attr_str};
 use crate::host_env::examples_dir;
 use crate::testbed::{DriverKind, NodeInfo, Testbed};
@@ -228,12 +229,13 @@ fn all_variant(all: &[Value], name: &str, selector: Option<&str>) -> Result<Valu
 }
 
 /// Waits until the pod is reported unschedulable, then checks that it stays
-/// so for a while; returns the scheduler's `(reason, message)`.
+/// so for a while and that `kubectl dra explain` agrees; returns the
+/// scheduler's `(reason, message)` and the explanation.
 pub(super) async fn stays_pending(
     tb: &impl Testbed,
     ns: &str,
     pod: &str,
-) -> Result<(String, String)> {
+) -> Result<(String, String, String)> {
     let cond = kit::wait_for(
         tb,
         &format!("{ns}/{pod} reported unschedulable"),
@@ -260,7 +262,8 @@ pub(super) async fn stays_pending(
             "claim of {pod} got allocated"
         );
     }
-    Ok(cond)
+    let explained = agreement::check_pod(tb, ns, pod).await?;
+    Ok((cond.0, cond.1, explained))
 }
 
 /// Scenario 4: GPU + all EFAs on its root.
@@ -362,11 +365,19 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
         None,
     );
     kit::apply_all(tb, ns, &[pod]).await?;
-    let (reason, message) = stays_pending(tb, ns, "all-any-root").await?;
+    let (reason, message, explained) = stays_pending(tb, ns, "all-any-root").await?;
     ensure!(
         message.contains("exceeds the claim limit of 32"),
         "scheduler said {reason}: {message}"
     );
+    agreement::names_the_reason(
+        "all-any-root",
+        &explained,
+        &[
+            "resource.kubernetes.io/pcieRoot",
+            "request \"efas\" has 4 of 32 (all matching devices)",
+        ],
+    )?;
     // d) All over the 16 EFAs of NUMA node 0 (4 roots; 17 devices fit in a
     // claim): the pcieRoot constraint must hold for every one of them, so
     // no node satisfies it.
@@ -378,11 +389,20 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
     kit::apply_all(tb, ns, &[numa0]).await?;
     let pod = kit::pod_with_claim(tb, "all-numa0", Some("gpu-all-numa0-efas"), None, None);
     kit::apply_all(tb, ns, &[pod]).await?;
-    let (reason, message) = stays_pending(tb, ns, "all-numa0").await?;
+    let (reason, message, explained) = stays_pending(tb, ns, "all-numa0").await?;
     ensure!(
         reason == "Unschedulable" && message.contains("cannot allocate all claims"),
         "scheduler said {reason}: {message}"
     );
+    agreement::names_the_reason(
+        "all-numa0",
+        &explained,
+        &[
+            "matchAttribute constraint on resource.kubernetes.io/pcieRoot",
+            "numaNode.orValue(-1) == 0",
+            "(all matching devices)",
+        ],
+    )?;
 
     kit::delete_pods(
         tb,
@@ -461,11 +481,19 @@ pub async fn unsatisfiable_on_trn1(tb: &impl Testbed, ns: &str) -> Result<()> {
         Some("trn1"),
     )?;
     kit::apply_all(tb, ns, &objs).await?;
-    let (reason, message) = stays_pending(tb, ns, "neuron-4-chips-with-efas").await?;
+    let (reason, message, explained) = stays_pending(tb, ns, "neuron-4-chips-with-efas").await?;
     ensure!(
         reason == "Unschedulable" && message.contains("cannot allocate all claims"),
         "scheduler said {reason}: {message}"
     );
+    agreement::names_the_reason(
+        "neuron-4-chips-with-efas",
+        &explained,
+        &[
+            "matchAttribute constraint on resource.aws.com/devicegroup4_id",
+            "request \"efas\" has 2 of 4",
+        ],
+    )?;
     // Control: with the 2 EFAs a trn1 4-group has, it runs there.
     let mut two = template_of(&objs)?;
     two["metadata"]["name"] = json!("trn1-4-chips-2-efas");

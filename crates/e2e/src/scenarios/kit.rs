@@ -142,7 +142,8 @@ pub async fn events(tb: &impl Testbed, ns: &str, name: &str) -> Result<Vec<(Stri
 }
 
 /// Waits for the pod to be Running; fails early when it failed, and the
-/// timeout message carries its status and events.
+/// timeout message carries its status and events. Once it runs, checks that
+/// `kubectl dra explain` agrees ([`super::agreement::check_pod`]).
 pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration) -> Result<Pod> {
     let started = Instant::now();
     loop {
@@ -154,6 +155,7 @@ pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration)
                 .and_then(|s| s.phase.clone())
                 .unwrap_or_default();
             if phase == "Running" {
+                super::agreement::check_pod(tb, ns, name).await?;
                 return Ok(pod.clone());
             }
             if phase == "Failed" || phase == "Succeeded" {

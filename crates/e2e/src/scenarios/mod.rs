@@ -16,7 +16,9 @@
 //! features it needs (a release without them reports it as skipped, with the
 //! reason, see [`crate::versions`]) and the function that runs it.
 
+pub mod agreement;
 mod allocate;
+mod cel_agreement;
 mod charts;
 mod health;
 pub mod kit;
@@ -101,6 +103,8 @@ scenarios! {
         => health::fault_taints;
     s16_taints_dropped [] "on a server without DRADeviceTaints a fault neither crashes the driver nor rewrites its slices"
         => health::taints_dropped;
+    s17_explain_agreement [AdminAccess] "kubectl-dra's CEL selects what kube-scheduler allocates, 62 expressions in one batch; a held device names its claim"
+        => cel_agreement::explain_agreement;
 }
 
 /// The scenario called `name`.
@@ -120,7 +124,11 @@ pub fn namespace_of(name: &str) -> String {
 pub async fn run<T: Testbed>(tb: &T, name: &str) -> Result<()> {
     let ns = namespace_of(name);
     kit::namespace(tb, &ns).await?;
-    let result = dispatch(tb, name, &ns).await;
+    let mut result = dispatch(tb, name, &ns).await;
+    if result.is_ok() {
+        // The pods left: kubectl dra explain must agree with the scheduler.
+        result = agreement::check_namespace(tb, &ns).await.map(|_| ());
+    }
     let cleanup = kit::delete_all_pods(tb, &ns, std::time::Duration::from_secs(120)).await;
     kit::drop_namespace(tb, &ns).await;
     match (result, cleanup) {
