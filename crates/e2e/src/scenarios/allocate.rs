@@ -148,13 +148,56 @@ pub async fn single_efa(tb: &impl Testbed, ns: &str) -> Result<()> {
         devs[0].pool
     );
     let report = kit::probe(tb, ns, "single-efa").await?;
-    check_efa_view(&node(tb, &node_name)?, &devs, &report)?;
+    let info = node(tb, &node_name)?;
+    check_efa_view(&info, &devs, &report)?;
     ensure!(
         report.devices.contains_key("/dev/infiniband/rdma_cm"),
         "no rdma_cm: {:?}",
         report.devices
     );
+    let published = kit::devices(tb, &info.name, DriverKind::Efa).await?.len();
+    node_gauges(tb, &info.name, (1, 1, published)).await?;
     kit::delete_pods(tb, ns, &["single-efa"], GONE).await?;
+    node_gauges(tb, &info.name, (0, 0, published)).await?;
+    Ok(())
+}
+
+/// The EFA driver's node-side gauges on `node`: prepared claims, prepared
+/// devices and published devices as expected, and no unhealthy device.
+/// Polled for a while: kubelet may unprepare after the pod object is gone.
+async fn node_gauges(
+    tb: &impl Testbed,
+    node: &str,
+    (claims, devices, published): (usize, usize, usize),
+) -> Result<()> {
+    let want = (
+        Some(claims as f64),
+        Some(devices as f64),
+        Some(published as f64),
+        Some(0.0),
+    );
+    let started = std::time::Instant::now();
+    loop {
+        let metrics = tb.driver_metrics(node, DriverKind::Efa).await?;
+        let g = |name: &str, labels: &str| kit::gauge(&metrics, name, labels);
+        let seen = (
+            g("dra_prepared_claims", ""),
+            g("dra_prepared_devices", ""),
+            g("dra_published_devices", ""),
+            g("efa_driver_devices_by_health", "state=\"unhealthy\""),
+        );
+        if seen == want {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "EFA driver on {node}: (prepared claims, prepared devices, published, unhealthy) = {seen:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "    EFA driver on {node}: prepared claims {claims}, prepared devices {devices}, published {published}, unhealthy 0"
+    );
     Ok(())
 }
 
@@ -374,8 +417,10 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
         "all-any-root",
         &explained,
         &[
-            "resource.kubernetes.io/pcieRoot",
+            "matchAttribute constraint on resource.kubernetes.io/pcieRoot",
+            "closest: node p5",
             "request \"efas\" has 4 of 32 (all matching devices)",
+            "Request \"efas\" takes all matching devices",
         ],
     )?;
     // d) All over the 16 EFAs of NUMA node 0 (4 roots; 17 devices fit in a

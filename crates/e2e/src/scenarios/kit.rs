@@ -431,6 +431,20 @@ pub fn unschedulable(pod: &Pod) -> Option<(String, String)> {
         })
 }
 
+/// The value of an unlabelled sample, or of the sample with exactly these
+/// labels as written (`state="unhealthy"`), in Prometheus text.
+pub fn gauge(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let head = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&head))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// The EFA's index N of `uverbsN` from its device name (`efa-DDDD-BB-DD-F`)
 /// via the fixture description.
 pub fn efa_uverbs(fixture: &sysfs_fixtures::Fixture, device: &str) -> Option<u32> {
@@ -472,6 +486,17 @@ mod tests {
             None,
             "incomplete report"
         );
+    }
+
+    #[test]
+    fn gauges_are_read_by_name_and_labels() {
+        let text = "# HELP dra_prepared_claims x\ndra_prepared_claims 2\ndra_prepared_claims_other 9\nefa_driver_devices_by_health{state=\"healthy\"} 31\nefa_driver_devices_by_health{state=\"unhealthy\"} 1\n";
+        assert_eq!(gauge(text, "dra_prepared_claims", ""), Some(2.0));
+        assert_eq!(
+            gauge(text, "efa_driver_devices_by_health", "state=\"unhealthy\""),
+            Some(1.0)
+        );
+        assert_eq!(gauge(text, "dra_prepared_devices", ""), None);
     }
 
     #[test]
