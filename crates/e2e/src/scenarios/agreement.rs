@@ -181,7 +181,10 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(err.contains("devicegroup4_id") && !err.contains("\"pcieRoot\""), "{err}");
+        assert!(
+            err.contains("devicegroup4_id") && !err.contains("\"pcieRoot\""),
+            "{err}"
+        );
     }
 
     #[test]
@@ -189,8 +192,10 @@ mod tests {
         let pod = |v: serde_json::Value| -> Pod { serde_json::from_value(v).unwrap() };
         let bound = pod(serde_json::json!({"spec": {"nodeName": "p5", "containers": []}}));
         assert!(matches!(decision(&bound), Decision::Bound(n) if n == "p5"));
-        let pending = pod(serde_json::json!({"spec": {"containers": []}, "status": {"conditions": [
-            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "cannot allocate all claims"}]}}));
+        let pending = pod(
+            serde_json::json!({"spec": {"containers": []}, "status": {"conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "cannot allocate all claims"}]}}),
+        );
         assert!(
             matches!(decision(&pending), Decision::Unschedulable(w) if w == "Unschedulable: cannot allocate all claims")
         );

@@ -106,7 +106,9 @@ async fn with_rule(
         "untolerated",
         &explained,
         &[
-            &format!("taint {TAINT_KEY}={ns}:NoSchedule (from DeviceTaintRule {rule_name}) is not tolerated"),
+            &format!(
+                "taint {TAINT_KEY}={ns}:NoSchedule (from DeviceTaintRule {rule_name}) is not tolerated"
+            ),
             &format!("pciBusID == \"{bdf}\""),
         ],
     )?;
