@@ -8,6 +8,7 @@ use anyhow::{Result, anyhow, ensure};
 use serde_json::{Value, json};
 
 use super::agreement;
+pub(super) use super::kit::stays_pending;
 use super::kit::{self, Allocated, ProbeReport, attr_str};
 use crate::host_env::examples_dir;
 use crate::testbed::{DriverKind, NodeInfo, Testbed};
@@ -156,48 +157,9 @@ pub async fn single_efa(tb: &impl Testbed, ns: &str) -> Result<()> {
         report.devices
     );
     let published = kit::devices(tb, &info.name, DriverKind::Efa).await?.len();
-    node_gauges(tb, &info.name, (1, 1, published)).await?;
+    kit::efa_gauges(tb, &info.name, (1, 1, published)).await?;
     kit::delete_pods(tb, ns, &["single-efa"], GONE).await?;
-    node_gauges(tb, &info.name, (0, 0, published)).await?;
-    Ok(())
-}
-
-/// The EFA driver's node-side gauges on `node`: prepared claims, prepared
-/// devices and published devices as expected, and no unhealthy device.
-/// Polled for a while: kubelet may unprepare after the pod object is gone.
-async fn node_gauges(
-    tb: &impl Testbed,
-    node: &str,
-    (claims, devices, published): (usize, usize, usize),
-) -> Result<()> {
-    let want = (
-        Some(claims as f64),
-        Some(devices as f64),
-        Some(published as f64),
-        Some(0.0),
-    );
-    let started = std::time::Instant::now();
-    loop {
-        let metrics = tb.driver_metrics(node, DriverKind::Efa).await?;
-        let g = |name: &str, labels: &str| kit::gauge(&metrics, name, labels);
-        let seen = (
-            g("dra_prepared_claims", ""),
-            g("dra_prepared_devices", ""),
-            g("dra_published_devices", ""),
-            g("efa_driver_devices_by_health", "state=\"unhealthy\""),
-        );
-        if seen == want {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "EFA driver on {node}: (prepared claims, prepared devices, published, unhealthy) = {seen:?}, expected {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    println!(
-        "    EFA driver on {node}: prepared claims {claims}, prepared devices {devices}, published {published}, unhealthy 0"
-    );
+    kit::efa_gauges(tb, &info.name, (0, 0, published)).await?;
     Ok(())
 }
 
@@ -269,44 +231,6 @@ fn all_variant(all: &[Value], name: &str, selector: Option<&str>) -> Result<Valu
         None => efas.remove("selectors"),
     };
     Ok(t)
-}
-
-/// Waits until the pod is reported unschedulable, then checks that it stays
-/// so for a while and that `kubectl dra explain` agrees; returns the
-/// scheduler's `(reason, message)` and the explanation.
-pub(super) async fn stays_pending(
-    tb: &impl Testbed,
-    ns: &str,
-    pod: &str,
-) -> Result<(String, String, String)> {
-    let cond = kit::wait_for(
-        tb,
-        &format!("{ns}/{pod} reported unschedulable"),
-        Duration::from_secs(60),
-        || async {
-            Ok(kit::get_pod(tb, ns, pod)
-                .await?
-                .as_ref()
-                .and_then(kit::unschedulable))
-        },
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let p = kit::get_pod(tb, ns, pod)
-        .await?
-        .ok_or_else(|| anyhow!("{pod} vanished"))?;
-    ensure!(
-        p.spec.as_ref().and_then(|s| s.node_name.clone()).is_none(),
-        "{pod} was scheduled after all"
-    );
-    for c in kit::pod_claims(tb, ns, pod).await.unwrap_or_default() {
-        ensure!(
-            kit::allocation(&c).is_empty(),
-            "claim of {pod} got allocated"
-        );
-    }
-    let explained = agreement::check_pod(tb, ns, pod).await?;
-    Ok((cond.0, cond.1, explained))
 }
 
 /// Scenario 4: GPU + all EFAs on its root.
