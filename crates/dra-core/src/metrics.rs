@@ -20,6 +20,8 @@ pub struct PluginMetrics {
     registration_failures: IntCounter,
     /// Checkpoint problems, by `reason` (`corrupt`, `write`).
     checkpoint_errors: IntCounterVec,
+    /// Claims that waited for a device's release, by `result`.
+    release_waits: IntCounterVec,
 }
 
 impl PluginMetrics {
@@ -64,12 +66,22 @@ impl PluginMetrics {
             ),
             &["reason"],
         )?;
+        let release_waits = IntCounterVec::new(
+            Opts::new(
+                "dra_plugin_device_release_waits_total",
+                "Claims whose device was still prepared for another claim, so that prepare \
+                 waited for its unprepare; by result (released: the device was freed in time, \
+                 timed_out: refused at the bound).",
+            ),
+            &["result"],
+        )?;
         registry.register(Box::new(claims.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(registered.clone()))?;
         registry.register(Box::new(registration_failures.clone()))?;
         registry.register(Box::new(checkpoint_errors.clone()))?;
+        registry.register(Box::new(release_waits.clone()))?;
         Ok(Self {
             claims,
             duration,
@@ -77,6 +89,7 @@ impl PluginMetrics {
             registered,
             registration_failures,
             checkpoint_errors,
+            release_waits,
         })
     }
 
@@ -99,6 +112,11 @@ impl PluginMetrics {
         if !ok {
             self.registration_failures.inc();
         }
+    }
+
+    pub(crate) fn release_wait_done(&self, released: bool) {
+        let result = if released { "released" } else { "timed_out" };
+        self.release_waits.with_label_values(&[result]).inc();
     }
 
     pub(crate) fn checkpoint_error(&self, reason: &str) {
