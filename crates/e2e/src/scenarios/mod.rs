@@ -22,6 +22,7 @@ mod health;
 pub mod kit;
 mod lifecycle;
 mod publish;
+mod reuse;
 mod taints;
 
 use anyhow::{Result, bail};
@@ -101,6 +102,8 @@ scenarios! {
         => health::fault_taints;
     s16_taints_dropped [] "on a server without DRADeviceTaints a fault neither crashes the driver nor rewrites its slices"
         => health::taints_dropped;
+    s17_device_reuse [] "force-deleted pod, its device at once to a new claim: Running within 5 s, never prepared for two claims"
+        => reuse::device_reuse;
 }
 
 /// The scenario called `name`.
