@@ -150,7 +150,11 @@ pub async fn run<D: Driver>(
     let plugin_metrics = PluginMetrics::register(&registry)?;
     let publish_metrics = PublishMetrics::register(&registry)?;
 
-    let claims = Arc::new(KubeClaimSource::new(client.clone()));
+    // Its own client and connection, opened now (see KubeClaimSource::new).
+    let claims = Arc::new(KubeClaimSource::new(
+        kube_client(options.kubeconfig.as_deref()).await?,
+    ));
+    claims.warm_up().await;
     let plugin = KubeletPlugin::new(driver, claims, options.plugin_options(), plugin_metrics)
         .with_health(feeds.health)
         .start(shutdown.clone())

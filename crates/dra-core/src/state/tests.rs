@@ -354,3 +354,36 @@ async fn one_released_device_goes_to_exactly_one_waiter() {
         driver.violations.lock().unwrap()
     );
 }
+
+/// The CDI spec goes in place with the checkpoint; should a crash leave the
+/// checkpoint naming a spec that is not there, the claim is prepared again
+/// instead of being answered with CDI ids the runtime cannot resolve.
+#[tokio::test]
+async fn a_recorded_claim_without_its_spec_is_prepared_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
+    let c = add(&claims, "c", "dev-1");
+    prepare(&p, &c).await.unwrap();
+    let spec = p.checkpoint.load().unwrap().claims["uid-c"]
+        .cdi_spec_path
+        .clone();
+    assert!(spec.exists(), "spec written with the checkpoint");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("cdi"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+
+    prepare(&p, &c).await.unwrap();
+    assert_eq!(
+        driver.prepares.lock().unwrap().len(),
+        1,
+        "answered from the checkpoint"
+    );
+    std::fs::remove_file(&spec).unwrap();
+    prepare(&p, &c).await.unwrap();
+    assert_eq!(driver.prepares.lock().unwrap().len(), 2, "prepared again");
+    assert!(spec.exists(), "spec rewritten");
+}
