@@ -12,10 +12,14 @@
 //!   connection relay, then the same server);
 //! * `cdi spec write` / `checkpoint save`: one atomic replacement each
 //!   (temp file, fsync, rename, fsync of the directory) in DATA_DIR;
-//! * `prepare+unprepare, DATA_DIR` and `..., tmpfs`: one claim prepared and
-//!   unprepared through the plugin socket with the plugin's files in DATA_DIR
-//!   (default: a temp dir under /var/tmp, the disk kubelet's dir is on) and
-//!   in /dev/shm (fsync costs nothing there): the difference is the disk.
+//! * `prepare`/`unprepare, data on disk` and `..., tmpfs`: one claim
+//!   prepared and unprepared through the plugin socket with the plugin's
+//!   files in DATA_DIR (default: a temp dir under /var/tmp, the disk
+//!   kubelet's dir is on) and in /dev/shm (fsync costs nothing there): the
+//!   difference is the disk. Interleaved with the disk rows, `spec, then
+//!   checkpoint` writes the same two files one atomic replacement after the
+//!   other (four waits for the disk, as prepare did before it committed
+//!   them together: two waits).
 //!
 //! With `RUST_LOG=dra_core=debug` the plugin also logs each call's
 //! `prepare call timings` (lock, checkpoint load, claims, checkpoint save).
@@ -178,7 +182,17 @@ impl dra_v1::dra_plugin_server::DraPlugin for Bare {
     }
 }
 
-async fn prepare_unprepare_rows(label: &str, root: &Path, rounds: usize) {
+/// Prepare/unprepare through the plugin with its files under `root`; with
+/// `one_at_a_time`, each round also writes a CDI spec and then the
+/// checkpoint as separate atomic replacements (what a prepare did before
+/// the two were committed together), interleaved so that the disk's mood
+/// hits both alike.
+async fn prepare_unprepare_rows(
+    label: &str,
+    root: &Path,
+    rounds: usize,
+    one_at_a_time: Option<&(CdiWriter, CheckpointStore, Checkpoint)>,
+) {
     let claims = InMemoryClaimSource::new();
     for i in 0..rounds + 5 {
         claims.insert(claim(i));
@@ -188,8 +202,26 @@ async fn prepare_unprepare_rows(label: &str, root: &Path, rounds: usize) {
     let mut client = dra_v1::dra_plugin_client::DraPluginClient::new(
         unix_channel(&socket).await.expect("connect"),
     );
-    let (mut prepare, mut unprepare) = (Vec::new(), Vec::new());
+    let (mut prepare, mut unprepare, mut separate) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..rounds + 5 {
+        if let Some((cdi, store, checkpoint)) = one_at_a_time {
+            let edits = vec![DeviceEdits {
+                device: "efa-0".into(),
+                edits: ContainerEdits {
+                    device_nodes: vec![DeviceNode {
+                        path: "/dev/infiniband/uverbs0".into(),
+                        host_path: None,
+                    }],
+                    env: BTreeMap::new(),
+                },
+            }];
+            let started = Instant::now();
+            cdi.write(&format!("uid-{i}"), &edits).expect("cdi write");
+            store.save(checkpoint).expect("save");
+            if i >= 5 {
+                separate.push(started.elapsed());
+            }
+        }
         let started = Instant::now();
         let r = client
             .node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
@@ -211,6 +243,9 @@ async fn prepare_unprepare_rows(label: &str, root: &Path, rounds: usize) {
             prepare.push(prepared);
             unprepare.push(started.elapsed());
         }
+    }
+    if one_at_a_time.is_some() {
+        Stats(separate).line("  interleaved: spec, then checkpoint");
     }
     Stats(prepare).line(&format!("prepare, {label}"));
     Stats(unprepare).line(&format!("unprepare, {label}"));
@@ -328,9 +363,17 @@ async fn main() {
     .await
     .line("checkpoint load");
 
-    prepare_unprepare_rows("data on disk", disk.path(), rounds).await;
+    let plugin_dir = disk.path().join("plugin");
+    std::fs::create_dir(&plugin_dir).expect("plugin dir");
+    prepare_unprepare_rows(
+        "data on disk",
+        &plugin_dir,
+        rounds,
+        Some(&(cdi, store, checkpoint)),
+    )
+    .await;
     match tempfile::tempdir_in("/dev/shm") {
-        Ok(shm) => prepare_unprepare_rows("data on tmpfs", shm.path(), rounds).await,
+        Ok(shm) => prepare_unprepare_rows("data on tmpfs", shm.path(), rounds, None).await,
         Err(e) => println!("no /dev/shm ({e}): tmpfs rows skipped"),
     }
 }
