@@ -55,6 +55,10 @@ pub struct PluginOptions {
     pub boot_id_path: PathBuf,
     /// Time limits of every accepted connection, shutdown grace included.
     pub connections: ConnectionLimits,
+    /// This node's pool (the node name): a result of this driver in
+    /// another pool names a device of another node and is refused. `None`
+    /// accepts every pool (tests that do not care).
+    pub pool: Option<String>,
 }
 
 impl PluginOptions {
@@ -69,6 +73,7 @@ impl PluginOptions {
             pod_uid: None,
             boot_id_path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
             connections: ConnectionLimits::default(),
+            pool: None,
         }
     }
 
@@ -209,6 +214,7 @@ impl<D: Driver> KubeletPlugin<D> {
 
         let pipeline = Arc::new(ClaimPipeline {
             driver_name: self.options.driver_name.clone(),
+            pool: self.options.pool.clone(),
             driver: self.driver,
             claims: self.claims,
             cdi: CdiWriter::new(

@@ -82,6 +82,7 @@ impl RuntimeOptions {
         options.plugins_dir = self.kubelet_plugins_dir.clone();
         options.cdi_root = self.cdi_root.clone();
         options.pod_uid = self.pod_uid.clone().filter(|uid| !uid.is_empty());
+        options.pool = Some(self.node_name.clone());
         options
     }
 }

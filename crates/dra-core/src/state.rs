@@ -39,6 +39,8 @@ pub(crate) type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
 
 pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) driver_name: String,
+    /// This node's pool; `None`: any (see `PluginOptions::pool`).
+    pub(crate) pool: Option<String>,
     pub(crate) driver: Arc<D>,
     pub(crate) claims: Arc<dyn ClaimSource>,
     pub(crate) cdi: CdiWriter,
@@ -116,6 +118,7 @@ impl<D: Driver> ClaimPipeline<D> {
             .map_err(|e| format!("{e}; the API server must be reachable to prepare a claim"))?;
         let resolved = resolve_claim::<D::Config>(
             &self.driver_name,
+            self.pool.as_deref(),
             claim,
             object.as_ref(),
             &checkpoint.claims,

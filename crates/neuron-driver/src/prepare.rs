@@ -38,7 +38,11 @@ pub type SharedInventory = Arc<RwLock<NodeInventory>>;
 pub enum PrepareError {
     #[error("device {0:?} is not a Neuron chip of this driver (expected neuron-device-<index>)")]
     UnknownDevice(String),
-    #[error("chip {index} ({device}) is not present on this node any more")]
+    #[error(
+        "chip {index} ({device}) is not on this node: no such chip in the current inventory (it \
+         was removed after the claim was allocated, or the claim names a chip this node never \
+         published)"
+    )]
     ChipGone { index: u32, device: String },
     #[error(transparent)]
     Lnc(#[from] LncError),
