@@ -17,6 +17,7 @@
 //! reason, see [`crate::versions`]) and the function that runs it.
 
 mod allocate;
+mod bad_input;
 mod charts;
 mod health;
 pub mod kit;
@@ -101,6 +102,8 @@ scenarios! {
         => health::fault_taints;
     s16_taints_dropped [] "on a server without DRADeviceTaints a fault neither crashes the driver nor rewrites its slices"
         => health::taints_dropped;
+    s17_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
+        => bad_input::bad_opaque_config;
 }
 
 /// The scenario called `name`.
