@@ -161,8 +161,13 @@ pub async fn run<D: Driver>(
         "kubelet plugin serving"
     );
 
+    // Ready (for rollouts) once kubelet registered the plugin and the
+    // slices are published; see `crate::ready`.
     let readiness = Readiness::default();
-    readiness.set(true);
+    let ready_task = tokio::spawn(crate::ready::mark_when_serving(
+        registry.clone(),
+        readiness.clone(),
+    ));
     let probe = {
         let sockets = sockets.clone();
         HealthProbe::new(move || {
@@ -193,6 +198,7 @@ pub async fn run<D: Driver>(
     // The plugin only returns on shutdown or a fatal serving error; either
     // way the rest of the process goes down with it.
     shutdown.cancel();
+    ready_task.abort();
     let _ = publisher_task.await;
     let _ = ops_task.await;
     tracing::info!(driver = %driver_name, node = %node_name, "stopped");
