@@ -24,6 +24,7 @@ pub mod kit;
 mod lifecycle;
 mod publish;
 mod taints;
+mod uninstall;
 
 use anyhow::{Result, bail};
 
@@ -104,6 +105,8 @@ scenarios! {
         => health::taints_dropped;
     s17_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
         => bad_input::bad_opaque_config;
+    s18_slices_after_uninstall [] "a driver stopped for good leaves its slices (unchanged for 40 s); the cleanup of docs/install.md removes them; a restart republishes"
+        => uninstall::slices_after_stop;
 }
 
 /// The scenario called `name`.
