@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so that it runs
 //! wherever cargo does.
 
+mod bench;
 mod chart_access;
 mod chart_checks;
 mod chart_daemonset;
@@ -54,6 +55,9 @@ enum Task {
     Topology(topology::TopologyArgs),
     /// Build the Kubernetes components and run the local end-to-end cluster.
     K8s(k8s::K8sArgs),
+    /// Benchmarks on the local cluster: our EFA driver against a Go reference
+    /// driver (default), or `fleet`: many simulated nodes' publishers.
+    Bench(bench::BenchArgs),
     /// Run the libFuzzer targets of fuzz/ (stable toolchain): `[TARGET] [--time S]`.
     Fuzz(fuzz::FuzzArgs),
     /// Licence, ban and source checks of the dependency graph, offline (policy: supply-chain.yaml).
@@ -71,5 +75,6 @@ fn main() -> anyhow::Result<()> {
         Task::K8s(args) => k8s::run(args),
         Task::Fuzz(args) => fuzz::run(args),
         Task::SupplyChain => supply_chain::run(),
+        Task::Bench(args) => bench::run(args),
     }
 }

@@ -22,6 +22,8 @@ mod charts;
 mod health;
 pub mod kit;
 mod lifecycle;
+mod migration;
+mod partitions;
 mod publish;
 mod taints;
 mod uninstall;
@@ -103,9 +105,15 @@ scenarios! {
         => health::fault_taints;
     s16_taints_dropped [] "on a server without DRADeviceTaints a fault neither crashes the driver nor rewrites its slices"
         => health::taints_dropped;
-    s17_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
+    s17_extended_resources [ExtendedResource, PartitionableDevices] "unchanged pods asking for aws.amazon.com/neuroncore: 2, neurondevice: 1 and vpc.amazonaws.com/efa: 4 get exactly those devices from DRA"
+        => partitions::extended_resources;
+    s18_cores_fill_node [ExtendedResource, PartitionableDevices] "claims for cores and whole chips fill trn2 (16 x 8 cores) without overlap; the next core stays Pending"
+        => partitions::cores_fill_node;
+    s19_migration [ExtendedResource, PartitionableDevices] "docs/migration.md on trn2: the guard refuses beside a device plugin; after it is removed the same pod runs on DRA"
+        => migration::device_plugin_to_dra;
+    s20_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
         => bad_input::bad_opaque_config;
-    s18_slices_after_uninstall [] "a driver stopped for good leaves its slices (unchanged for 40 s); the cleanup of docs/install.md removes them; a restart republishes"
+    s21_slices_after_uninstall [] "a driver stopped for good leaves its slices (unchanged for 40 s); the cleanup of docs/install.md removes them; a restart republishes"
         => uninstall::slices_after_stop;
 }
 
@@ -200,10 +208,22 @@ mod tests {
         assert!(s15.skip_reason(r37).is_none());
         let why = s15.skip_reason(r34).unwrap();
         assert!(why.contains("DRADeviceTaints"), "{why}");
+        // Extended resources and NeuronCores as partitions: 1.36+.
+        let migration = [
+            "s17_extended_resources",
+            "s18_cores_fill_node",
+            "s19_migration",
+        ];
+        for name in migration {
+            let s = find(name).unwrap();
+            assert!(s.skip_reason(r37).is_none(), "{name}");
+            let why = s.skip_reason(r34).unwrap();
+            assert!(why.contains("DRAExtendedResource"), "{why}");
+        }
         // Everything else runs on every release we test.
         for s in SCENARIOS
             .iter()
-            .filter(|s| s.name != s14.name && s.name != s15.name)
+            .filter(|s| s.name != s14.name && s.name != s15.name && !migration.contains(&s.name))
         {
             assert_eq!(s.skip_reason(r34), None, "{}", s.name);
         }
