@@ -404,7 +404,7 @@ async fn device_name_of_another_driver() {
     assert_eq!(
         refused(&node, bad).await,
         format!(
-            "{FAILED}device \"efa-0000-10-1c-0\" is not a Neuron chip of this driver (expected neuron-device-<index>)"
+            "{FAILED}device \"efa-0000-10-1c-0\" is not a Neuron chip or core of this driver (expected neuron-device-<index> or neuron-device-<index>-core-<core>)"
         )
     );
 }
