@@ -176,6 +176,28 @@ impl Helm {
     }
 }
 
+/// What both charts render for the cluster `client` reaches (its version
+/// decides the version-gated defaults), without the kinds the suite skips.
+pub async fn cluster_objects(helm: &Helm, client: &kube::Client) -> Result<Vec<Value>> {
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(|source| Error::Kube {
+            action: "reading the API server version".into(),
+            source,
+        })?
+        .git_version;
+    let mut objects = Vec::new();
+    for chart in [EFA_CHART, NEURON_CHART] {
+        objects.extend(applied_objects(&helm.render_for(
+            chart,
+            &[],
+            Some(&version),
+        )?));
+    }
+    Ok(objects)
+}
+
 /// The objects of a rendered chart the suite applies.
 pub fn applied_objects(rendered: &[Value]) -> Vec<Value> {
     rendered

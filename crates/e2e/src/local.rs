@@ -135,17 +135,7 @@ impl LocalTestbed {
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(kube_err("creating namespace aws-dra")(e)),
         }
-        let version = self
-            .client
-            .apiserver_version()
-            .await
-            .map_err(kube_err("reading the API server version"))?
-            .git_version;
-        let mut objects = Vec::new();
-        for chart in [charts::EFA_CHART, charts::NEURON_CHART] {
-            let rendered = helm.render_for(chart, &[], Some(&version))?;
-            objects.extend(charts::applied_objects(&rendered));
-        }
+        let mut objects = charts::cluster_objects(helm, &self.client).await?;
         objects.extend(manifests::parse("gpu-test-driver.yaml", GPU_TEST_MANIFEST)?);
         for obj in &objects {
             manifests::apply(&self.client, obj, None).await?;

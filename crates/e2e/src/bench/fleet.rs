@@ -167,7 +167,8 @@ async fn run_size(
             let config =
                 dra_core::publish::PublisherConfig::new(DRIVER_NAME, &name, Some(owner), metrics)
                     .map_err(|e| Error::Testbed(e.to_string()))?;
-            let (_devices_tx, devices_rx) = watch::channel(devices);
+            let (_devices_tx, devices_rx) =
+                watch::channel(dra_core::publish::PoolContent::devices(devices));
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
