@@ -269,6 +269,11 @@ impl<I: DeviceInventory> Rescanner<I> {
             m.devices
                 .set(i64::try_from(scanned.len()).unwrap_or(i64::MAX));
             m.devices_by_health.reset();
+            // Every state is exported, 0 included, so a dashboard can plot
+            // unhealthy devices before the first one breaks.
+            for state in ["healthy", "degraded", "unhealthy"] {
+                m.devices_by_health.with_label_values(&[state]).set(0);
+            }
             for s in &scanned {
                 m.devices_by_health
                     .with_label_values(&[state_label(&s.health)])

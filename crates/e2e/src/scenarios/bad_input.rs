@@ -1,4 +1,4 @@
-//! Scenario 20: a bad opaque config reaches the user as a pod event with
+//! Scenario 21: a bad opaque config reaches the user as a pod event with
 //! the driver's exact message, and leaves nothing on the node.
 //!
 //! The scheduler does not read opaque parameters, so it allocates the claim;

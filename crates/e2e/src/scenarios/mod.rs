@@ -16,8 +16,10 @@
 //! features it needs (a release without them reports it as skipped, with the
 //! reason, see [`crate::versions`]) and the function that runs it.
 
+pub mod agreement;
 mod allocate;
 mod bad_input;
+mod cel_agreement;
 mod charts;
 mod health;
 pub mod kit;
@@ -111,9 +113,11 @@ scenarios! {
         => partitions::cores_fill_node;
     s19_migration [ExtendedResource, PartitionableDevices] "docs/migration.md on trn2: the guard refuses beside a device plugin; after it is removed the same pod runs on DRA"
         => migration::device_plugin_to_dra;
-    s20_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
+    s20_explain_agreement [AdminAccess] "kubectl-dra's CEL selects what kube-scheduler allocates, 62 expressions in one batch; a held device names its claim"
+        => cel_agreement::explain_agreement;
+    s21_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
         => bad_input::bad_opaque_config;
-    s21_slices_after_uninstall [] "a driver stopped for good leaves its slices (unchanged for 40 s); the cleanup of docs/install.md removes them; a restart republishes"
+    s22_slices_after_uninstall [] "a driver stopped for good leaves its slices (unchanged for 40 s); the cleanup of docs/install.md removes them; a restart republishes"
         => uninstall::slices_after_stop;
 }
 
@@ -134,7 +138,11 @@ pub fn namespace_of(name: &str) -> String {
 pub async fn run<T: Testbed>(tb: &T, name: &str) -> Result<()> {
     let ns = namespace_of(name);
     kit::namespace(tb, &ns).await?;
-    let result = dispatch(tb, name, &ns).await;
+    let mut result = dispatch(tb, name, &ns).await;
+    if result.is_ok() {
+        // The pods left: kubectl dra explain must agree with the scheduler.
+        result = agreement::check_namespace(tb, &ns).await.map(|_| ());
+    }
     let cleanup = kit::delete_all_pods(tb, &ns, std::time::Duration::from_secs(120)).await;
     kit::drop_namespace(tb, &ns).await;
     match (result, cleanup) {

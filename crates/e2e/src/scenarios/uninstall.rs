@@ -1,4 +1,4 @@
-//! Scenario 21: what happens to a node's slices when its driver goes away
+//! Scenario 22: what happens to a node's slices when its driver goes away
 //! for good (`helm uninstall`, or the node leaving the DaemonSet's
 //! selector). The driver stops gracefully (SIGTERM) and does not delete its
 //! slices, on purpose: a graceful stop is also every rolling update and
