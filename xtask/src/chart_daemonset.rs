@@ -222,7 +222,8 @@ fn check_env(expect: &Expect, c: &Container) -> Result<()> {
     Ok(())
 }
 
-/// The metrics port, the liveness probe on it, the memory request and limit.
+/// The metrics port, the liveness and readiness probes on it, the memory
+/// request and limit.
 fn check_ports_and_resources(expect: &Expect, c: &Container) -> Result<()> {
     let port = c.ports.as_ref().and_then(|p| p.first());
     ensure!(
@@ -238,6 +239,13 @@ fn check_ports_and_resources(expect: &Expect, c: &Container) -> Result<()> {
             && g.port == IntOrString::String("metrics".into())),
         "liveness probe must GET /healthz on the metrics port: {}",
         json(&probe)
+    );
+    let ready = c.readiness_probe.as_ref().and_then(|p| p.http_get.as_ref());
+    ensure!(
+        ready.is_some_and(|g| g.path.as_deref() == Some("/readyz")
+            && g.port == IntOrString::String("metrics".into())),
+        "readiness probe must GET /readyz on the metrics port (the rolling update waits for it): {}",
+        json(&ready)
     );
     let memory =
         |m: Option<&BTreeMap<String, Quantity>>| m.is_some_and(|m| m.contains_key("memory"));

@@ -209,7 +209,7 @@ mod tests {
     #[test]
     fn each_flaw_is_caught() {
         type Mutation = fn(&mut Vec<Value>);
-        let table: [(&str, &str, Mutation); 13] = [
+        let table: [(&str, &str, Mutation); 14] = [
             ("added capability", "capabilities must drop ALL", |o| {
                 ds_container(o)["securityContext"]["capabilities"]["add"] =
                     serde_json::json!(["SYS_ADMIN"])
@@ -257,6 +257,15 @@ mod tests {
             ("misspelt field", ".containers[0].livenessProbes", |o| {
                 ds_container(o)["livenessProbes"] = serde_json::json!({})
             }),
+            (
+                "no readiness probe",
+                "readiness probe must GET /readyz",
+                |o| {
+                    if let Some(c) = ds_container(o).as_object_mut() {
+                        c.remove("readinessProbe");
+                    }
+                },
+            ),
             (
                 "a second subject bound to the role",
                 "does not bind exactly",

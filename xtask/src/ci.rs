@@ -43,9 +43,16 @@ fn e2e_matrix() -> Vec<(u32, &'static str)> {
         .collect()
 }
 
+/// Seconds of each fuzz target in CI (5 targets: under 2 minutes with the
+/// build warm).
+const FUZZ_SMOKE_SECONDS: u64 = 15;
+
 fn steps() -> Vec<Step> {
     let mut steps = vec![
         step("fmt", &["fmt", "--all", "--check"]),
+        // Licences, bans and sources of the dependency graph (offline;
+        // policy: supply-chain.yaml).
+        step("supply-chain", &["xtask", "supply-chain"]),
         step(
             "clippy",
             &[
@@ -78,6 +85,14 @@ fn steps() -> Vec<Step> {
                 "--test",
                 "structure",
             ],
+        ),
+        // Every fuzz target built from scratch on a cold machine (needs a C++
+        // compiler for libFuzzer) and run from its seeds for a few seconds:
+        // catches a target that no longer builds and any crash its seeds
+        // or a short search reach. The long runs are `cargo xtask fuzz`.
+        step(
+            "fuzz-smoke",
+            &["xtask", "fuzz", "--time", &FUZZ_SMOKE_SECONDS.to_string()],
         ),
     ];
     // Kubernetes (every CI release), etcd and containerd from their Go

@@ -75,6 +75,7 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         .map(|d| PathBuf::from(d).join("fuzz"))
         .unwrap_or_else(|| fuzz_dir.join("target"));
     let host = host_triple()?;
+    check_cxx()?;
     build(&fuzz_dir, &target_dir, &host, &targets, args.jobs)?;
     if args.build_only {
         return Ok(());
@@ -131,6 +132,20 @@ fn host_triple() -> Result<String> {
         .find_map(|l| l.strip_prefix("host: "))
         .map(str::to_string)
         .context("rustc -vV printed no host triple")
+}
+
+/// libfuzzer-sys compiles LLVM's libFuzzer (C++) with the `cc` crate, which
+/// takes `$CXX` or else `c++`: say so before cargo fails deep in a build
+/// script on a machine without one.
+fn check_cxx() -> Result<()> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    match Command::new(&cxx).arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        _ => bail!(
+            "the fuzz targets need a C++ compiler for libFuzzer: `{cxx} --version` failed; \
+             install one (e.g. g++ or clang) or point CXX at it"
+        ),
+    }
 }
 
 fn build(

@@ -24,6 +24,7 @@ mod k8s;
 mod kind;
 mod manifest_checks;
 mod paths;
+mod supply_chain;
 mod topology;
 
 use clap::{Parser, Subcommand};
@@ -59,6 +60,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Run the libFuzzer targets of fuzz/ (stable toolchain): `[TARGET] [--time S]`.
     Fuzz(fuzz::FuzzArgs),
+    /// Licence, ban and source checks of the dependency graph, offline (policy: supply-chain.yaml).
+    SupplyChain,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -71,6 +74,7 @@ fn main() -> anyhow::Result<()> {
         Task::Topology(args) => topology::run(args),
         Task::K8s(args) => k8s::run(args),
         Task::Fuzz(args) => fuzz::run(args),
+        Task::SupplyChain => supply_chain::run(),
         Task::Bench(args) => bench::run(args),
     }
 }

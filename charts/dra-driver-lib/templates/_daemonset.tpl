@@ -23,8 +23,10 @@ spec:
       {{- include "dra-driver-lib.selectorLabels" . | nindent 6 }}
   # Seamless upgrade (kubelet 1.33+): the new pod starts next to the old one
   # on each node, each with its own socket names derived from POD_UID, and
-  # the old one goes away only once the new one is ready. A node never has
-  # zero plugins, so pods that need a prepare during the upgrade keep working.
+  # the old one goes away only once the new one is ready (readinessProbe
+  # below: kubelet registered it and its slices are published). A node never
+  # has zero plugins, so pods that need a prepare during the upgrade keep
+  # working.
   updateStrategy:
     type: RollingUpdate
     rollingUpdate:
@@ -131,6 +133,14 @@ spec:
               path: /healthz
               port: metrics
             {{- toYaml .Values.livenessProbe | nindent 12 }}
+          # /readyz answers 200 only once kubelet has registered the plugin
+          # and the node's slices are published (and the /healthz check
+          # passes): what the rolling update above waits for.
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: metrics
+            {{- toYaml .Values.readinessProbe | nindent 12 }}
           {{- with .Values.resources }}
           resources:
             {{- toYaml . | nindent 12 }}

@@ -43,11 +43,23 @@ pub struct InvalidValue {
     pub accepted: String,
 }
 
+/// The API server's limit on one entry's opaque parameters (10 KiB); the
+/// driver holds to it too, so a larger blob (a class or claim written past
+/// the API's validation, a future limit) is refused, not parsed.
+pub const MAX_PARAMETERS_BYTES: usize = 10 * 1024;
+
 /// Why one opaque config entry could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
     #[error("parameters must be a JSON object, got {found}")]
     NotAnObject { found: &'static str },
+    #[error("parameters are {bytes} bytes of JSON; the limit is {limit} bytes")]
+    TooLarge { bytes: usize, limit: usize },
+    #[error(
+        "field `apiVersion`: {found} is not an apiVersion of this driver (accepted values: \
+         {accepted}); a config meant for another driver must name that driver in `opaque.driver`"
+    )]
+    OtherDriver { found: String, accepted: String },
     #[error("field `{field}`: missing; accepted values: {accepted}")]
     Missing {
         field: &'static str,
@@ -78,6 +90,13 @@ pub fn decode_config<C: DriverConfig>(parameters: &serde_json::Value) -> Result<
             found: json_kind(parameters),
         });
     };
+    let bytes = serde_json::to_vec(parameters).map_or(usize::MAX, |v| v.len());
+    if bytes > MAX_PARAMETERS_BYTES {
+        return Err(ConfigError::TooLarge {
+            bytes,
+            limit: MAX_PARAMETERS_BYTES,
+        });
+    }
     let mut object = object.clone();
     let api_versions = quoted_list(C::API_VERSIONS.iter().copied());
     match object.remove("apiVersion") {
@@ -88,6 +107,18 @@ pub fn decode_config<C: DriverConfig>(parameters: &serde_json::Value) -> Result<
             });
         }
         Some(serde_json::Value::String(v)) if C::API_VERSIONS.contains(&v.as_str()) => {}
+        // Another API group altogether: most likely another driver's config
+        // under this driver's name, not a version this driver lacks.
+        Some(serde_json::Value::String(v))
+            if !C::API_VERSIONS
+                .iter()
+                .any(|ours| api_group(ours) == api_group(&v)) =>
+        {
+            return Err(ConfigError::OtherDriver {
+                found: format!("{v:?}"),
+                accepted: api_versions,
+            });
+        }
         Some(other) => {
             return Err(ConfigError::Unsupported {
                 field: "apiVersion",
@@ -161,6 +192,11 @@ pub fn decode_config<C: DriverConfig>(parameters: &serde_json::Value) -> Result<
         accepted: v.accepted,
     })?;
     Ok(config)
+}
+
+/// `group/version` → `group` (a bare `v1` is the core group, `""`).
+fn api_group(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
 fn json_kind(v: &serde_json::Value) -> &'static str {
@@ -384,6 +420,14 @@ mod tests {
                 "field `tuning.speed`: unknown field; accepted fields: see the driver's documentation",
             ),
             (json!([1]), "parameters must be a JSON object, got an array"),
+            (
+                json!({"apiVersion": "other.example.com/v1", "kind": "TestConfig"}),
+                "field `apiVersion`: \"other.example.com/v1\" is not an apiVersion of this driver (accepted values: \"test.example.com/v1\"); a config meant for another driver must name that driver in `opaque.driver`",
+            ),
+            (
+                json!({"apiVersion": "test.example.com/v1", "kind": "TestConfig", "pad": "x".repeat(MAX_PARAMETERS_BYTES)}),
+                "parameters are 10305 bytes of JSON; the limit is 10240 bytes",
+            ),
         ];
         for (input, want) in cases {
             let got = decode_config::<TestConfig>(input).map_err(|e| e.to_string());

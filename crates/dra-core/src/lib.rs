@@ -36,6 +36,7 @@ pub mod ops;
 pub mod plugin;
 pub mod proto;
 pub mod publish;
+mod ready;
 pub mod rescan;
 mod resolve;
 pub mod runner;

@@ -65,6 +65,10 @@ pub struct PluginOptions {
     /// its devices to be unprepared before refusing (device reuse after a
     /// force-deleted pod); zero refuses at once.
     pub device_release_wait: Duration,
+    /// This node's pool (the node name): a result of this driver in
+    /// another pool names a device of another node and is refused. `None`
+    /// accepts every pool (tests that do not care).
+    pub pool: Option<String>,
 }
 
 impl PluginOptions {
@@ -80,6 +84,7 @@ impl PluginOptions {
             boot_id_path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
             connections: ConnectionLimits::default(),
             device_release_wait: DEFAULT_DEVICE_RELEASE_WAIT,
+            pool: None,
         }
     }
 
@@ -220,6 +225,7 @@ impl<D: Driver> KubeletPlugin<D> {
 
         let pipeline = Arc::new(ClaimPipeline {
             driver_name: self.options.driver_name.clone(),
+            pool: self.options.pool.clone(),
             driver: self.driver,
             claims: self.claims,
             cdi: CdiWriter::new(

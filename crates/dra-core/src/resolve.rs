@@ -4,7 +4,9 @@
 //!
 //! In order: the claim must exist and have kubelet's UID (a claim deleted and
 //! recreated under the same name is another claim); it must be allocated;
-//! only the results of this driver count; every opaque config of this driver
+//! only the results of this driver count, and each must be in this node's
+//! pool (a device of the same name on another node is not ours to give);
+//! every opaque config of this driver
 //! is decoded strictly (class configs first, the last matching entry wins);
 //! and a device may not be handed to two claims.
 //!
@@ -50,6 +52,28 @@ pub(crate) enum ResolveError {
         #[source]
         source: Box<ConfigEntryError>,
     },
+    #[error(
+        "ResourceClaim {claim} has no device of driver {driver} in status.allocation (results \
+         are for: {others}); the allocation changed after the pod was scheduled: delete the pod \
+         so that it is scheduled again"
+    )]
+    NoResults {
+        claim: String,
+        driver: String,
+        others: String,
+    },
+    #[error(
+        "ResourceClaim {claim}: device {device} of request {request} is in pool {pool}, but this \
+         node's pool is {ours}: the claim was allocated devices of another node; delete the pod \
+         so that it is scheduled where its devices are"
+    )]
+    ForeignPool {
+        claim: String,
+        request: String,
+        device: String,
+        pool: String,
+        ours: String,
+    },
     /// `device` is `<pool>/<device>`, `holder` `<namespace>/<name>`.
     #[error(
         "ResourceClaim {claim}: device {device} is already prepared for claim {holder} (uid \
@@ -73,9 +97,11 @@ pub(crate) struct ResolvedDevice<C> {
 
 /// The devices of `driver_name` allocated to `claim` (`object` is the claim
 /// as read from the API server, `None` when it is gone), in allocation
-/// order, each once; `prepared` is the checkpoint's claims by UID.
+/// order, each once; `prepared` is the checkpoint's claims by UID; `pool`
+/// is this node's pool (`None`: any).
 pub(crate) fn resolve_claim<C: DriverConfig>(
     driver_name: &str,
+    pool: Option<&str>,
     claim: &ClaimRef,
     object: Option<&ResourceClaim>,
     prepared: &BTreeMap<String, PreparedClaim>,
@@ -103,6 +129,35 @@ pub(crate) fn resolve_claim<C: DriverConfig>(
         .iter()
         .filter(|r| r.driver == driver_name)
         .collect();
+    if results.is_empty() {
+        let others: BTreeSet<&str> = allocation
+            .results
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| r.driver.as_str())
+            .collect();
+        return Err(ResolveError::NoResults {
+            claim: who,
+            driver: driver_name.to_owned(),
+            others: if others.is_empty() {
+                "no driver".to_owned()
+            } else {
+                others.into_iter().collect::<Vec<_>>().join(", ")
+            },
+        });
+    }
+    if let Some(ours) = pool
+        && let Some(foreign) = results.iter().find(|r| r.pool != ours)
+    {
+        return Err(ResolveError::ForeignPool {
+            claim: who,
+            request: foreign.request.clone(),
+            device: foreign.device.clone(),
+            pool: foreign.pool.clone(),
+            ours: ours.to_owned(),
+        });
+    }
     let configs = decode_allocation_configs::<C>(
         driver_name,
         allocation.config.as_deref().unwrap_or_default(),
@@ -272,7 +327,7 @@ mod tests {
         object: Option<&ResourceClaim>,
         prepared: &BTreeMap<String, PreparedClaim>,
     ) -> Result<Vec<String>, String> {
-        resolve_claim::<Lanes>(DRIVER, &mine(), object, prepared)
+        resolve_claim::<Lanes>(DRIVER, Some("node"), &mine(), object, prepared)
             .map(|devices| {
                 devices
                     .iter()
@@ -444,6 +499,52 @@ mod tests {
             err.starts_with("ResourceClaim ns/mine: ") && err.contains("speed"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_result_in_another_pool_is_refused() {
+        let none = BTreeMap::new();
+        let mut claim = object(
+            UID,
+            &[
+                ("a", DRIVER, "dev-1", false),
+                ("b", DRIVER, "dev-2", false),
+                ("g", "gpu.other.com", "gpu-0", false),
+            ],
+            &[],
+        );
+        let set_pool = |claim: &mut ResourceClaim, index: usize| {
+            if let Some(r) = claim
+                .status
+                .as_mut()
+                .and_then(|s| s.allocation.as_mut())
+                .and_then(|a| a.devices.as_mut())
+                .and_then(|d| d.results.as_mut())
+                .and_then(|r| r.get_mut(index))
+            {
+                r.pool = "node-b".into();
+            }
+        };
+        // Another driver's device elsewhere is none of our business.
+        set_pool(&mut claim, 2);
+        assert_eq!(
+            outcome(Some(&claim), &none),
+            Ok(vec!["dev-1:a:-:-".to_owned(), "dev-2:b:-:-".to_owned()])
+        );
+        set_pool(&mut claim, 1);
+        assert_eq!(
+            outcome(Some(&claim), &none),
+            Err("ResourceClaim ns/mine: device dev-2 of request b is in pool node-b, but this node's pool is node: the claim was allocated devices of another node; delete the pod so that it is scheduled where its devices are".to_owned())
+        );
+        // Only another driver's results: nothing of ours to prepare.
+        let theirs = object(UID, &[("g", "gpu.other.com", "gpu-0", false)], &[]);
+        assert_eq!(
+            outcome(Some(&theirs), &none),
+            Err("ResourceClaim ns/mine has no device of driver test.example.com in status.allocation (results are for: gpu.other.com); the allocation changed after the pod was scheduled: delete the pod so that it is scheduled again".to_owned())
+        );
+        // Without a pool to compare with, any pool is taken.
+        let any = resolve_claim::<Lanes>(DRIVER, None, &mine(), Some(&claim), &none).unwrap();
+        assert_eq!(any.len(), 2);
     }
 
     #[test]

@@ -86,6 +86,7 @@ impl RuntimeOptions {
         options.cdi_root = self.cdi_root.clone();
         options.pod_uid = self.pod_uid.clone().filter(|uid| !uid.is_empty());
         options.device_release_wait = self.device_release_wait;
+        options.pool = Some(self.node_name.clone());
         options
     }
 }
@@ -168,8 +169,13 @@ pub async fn run<D: Driver>(
         "kubelet plugin serving"
     );
 
+    // Ready (for rollouts) once kubelet registered the plugin and the
+    // slices are published; see `crate::ready`.
     let readiness = Readiness::default();
-    readiness.set(true);
+    let ready_task = tokio::spawn(crate::ready::mark_when_serving(
+        registry.clone(),
+        readiness.clone(),
+    ));
     let probe = {
         let sockets = sockets.clone();
         HealthProbe::new(move || {
@@ -200,6 +206,7 @@ pub async fn run<D: Driver>(
     // The plugin only returns on shutdown or a fatal serving error; either
     // way the rest of the process goes down with it.
     shutdown.cancel();
+    ready_task.abort();
     let _ = publisher_task.await;
     let _ = ops_task.await;
     tracing::info!(driver = %driver_name, node = %node_name, "stopped");

@@ -66,6 +66,8 @@ enum Refusal {
 
 pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) driver_name: String,
+    /// This node's pool; `None`: any (see `PluginOptions::pool`).
+    pub(crate) pool: Option<String>,
     pub(crate) driver: Arc<D>,
     pub(crate) claims: Arc<dyn ClaimSource>,
     pub(crate) cdi: CdiWriter,
@@ -261,6 +263,7 @@ impl<D: Driver> ClaimPipeline<D> {
         })?;
         let resolved = resolve_claim::<D::Config>(
             &self.driver_name,
+            self.pool.as_deref(),
             claim,
             object.as_ref(),
             &checkpoint.claims,

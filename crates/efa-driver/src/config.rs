@@ -45,7 +45,7 @@ mod tests {
             ),
             (
                 json!({"apiVersion": "neuron.aws.com/v1", "kind": "EfaConfig"}),
-                "field `apiVersion`: unsupported value \"neuron.aws.com/v1\"; accepted values: \"efa.networking.k8s.aws/v1\"",
+                "field `apiVersion`: \"neuron.aws.com/v1\" is not an apiVersion of this driver (accepted values: \"efa.networking.k8s.aws/v1\"); a config meant for another driver must name that driver in `opaque.driver`",
             ),
             (
                 json!({"apiVersion": "efa.networking.k8s.aws/v1", "kind": "NeuronConfig"}),

@@ -42,6 +42,11 @@ pub enum PrepareError {
         "device {device:?} is not an EFA device name of this driver (expected efa-DDDD-BB-DD-F)"
     )]
     BadDeviceName { device: String },
+    #[error(
+        "EFA {device} is not on this node: no PCI function {address} in sysfs (it was removed \
+         after the claim was allocated, or the claim names a device this node never published)"
+    )]
+    NotPresent { device: String, address: String },
     #[error("EFA {device} ({address}) cannot be used now: {reason}")]
     Unusable {
         device: String,
@@ -78,6 +83,17 @@ impl EfaDriver {
                 parse_device_name(&d.device).ok_or_else(|| PrepareError::BadDeviceName {
                     device: d.device.clone(),
                 })?;
+            if !self
+                .sysfs
+                .pci_devices_dir()
+                .join(address.to_string())
+                .exists()
+            {
+                return Err(PrepareError::NotPresent {
+                    device: d.device.clone(),
+                    address: address.to_string(),
+                });
+            }
             let efa = discovery::read_one(&self.sysfs, address).map_err(|reason| {
                 PrepareError::Unusable {
                     device: d.device.clone(),

@@ -83,6 +83,10 @@ mod tests {
                 "field `apiVersion`: unsupported value \"neuron.aws.com/v2\"; accepted values: \"neuron.aws.com/v1\"",
             ),
             (
+                json!({"apiVersion": "efa.networking.k8s.aws/v1", "kind": "EfaConfig"}),
+                "field `apiVersion`: \"efa.networking.k8s.aws/v1\" is not an apiVersion of this driver (accepted values: \"neuron.aws.com/v1\"); a config meant for another driver must name that driver in `opaque.driver`",
+            ),
+            (
                 json!({"apiVersion": "neuron.aws.com/v1", "kind": "EfaConfig"}),
                 "field `kind`: unsupported value \"EfaConfig\"; accepted values: \"NeuronConfig\"",
             ),

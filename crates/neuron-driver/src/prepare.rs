@@ -42,7 +42,11 @@ pub enum PrepareError {
         "device {0:?} is not a Neuron chip or core of this driver (expected neuron-device-<index> or neuron-device-<index>-core-<core>)"
     )]
     UnknownDevice(String),
-    #[error("chip {index} ({device}) is not present on this node any more")]
+    #[error(
+        "chip {index} ({device}) is not on this node: no such chip in the current inventory (it \
+         was removed after the claim was allocated, or the claim names a chip this node never \
+         published)"
+    )]
     ChipGone { index: u32, device: String },
     #[error("device {device}: chip {chip} has {cores} physical cores, there is no core {core}")]
     NoSuchCore {

@@ -505,7 +505,7 @@ fn visible_cores_of_scattered_chips_and_mixed_lnc() {
         .to_string();
     assert_eq!(
         e,
-        "chip 16 (neuron-device-16) is not present on this node any more"
+        "chip 16 (neuron-device-16) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
     );
     let e = claim_edits(&inv, &allocated(&[], "n", None))
         .unwrap_err()

@@ -18,6 +18,7 @@
 
 pub mod agreement;
 mod allocate;
+mod bad_input;
 mod cel_agreement;
 mod charts;
 mod health;
@@ -28,6 +29,7 @@ mod partitions;
 mod publish;
 mod reuse;
 mod taints;
+mod uninstall;
 
 use anyhow::{Result, bail};
 
@@ -116,6 +118,10 @@ scenarios! {
         => cel_agreement::explain_agreement;
     s21_device_reuse [] "force-deleted pod, its device at once to a new claim: Running within 5 s, never prepared for two claims"
         => reuse::device_reuse;
+    s22_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
+        => bad_input::bad_opaque_config;
+    s23_slices_after_uninstall [] "a driver stopped for good leaves its slices (unchanged for 40 s); the cleanup of docs/install.md removes them; a restart republishes"
+        => uninstall::slices_after_stop;
 }
 
 /// The scenario called `name`.
