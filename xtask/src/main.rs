@@ -12,6 +12,7 @@ mod chart_specs;
 mod charts_command;
 mod ci;
 mod demo;
+mod docker;
 mod e2e;
 #[cfg(test)]
 mod examples;
@@ -21,6 +22,9 @@ mod helm;
 mod image_build;
 mod k8s;
 mod kind;
+mod kind_images;
+mod kind_network;
+mod kind_tool;
 mod manifest_checks;
 mod paths;
 mod topology;
