@@ -7,6 +7,14 @@
 //! as it is. Builds go through BuildKit (the Dockerfile's cache mounts need
 //! it): [`build_command`] picks a client that has it.
 //!
+//! Some sandboxes withhold capabilities from everything they run (this
+//! machine lacks `CAP_SYS_RESOURCE`), while Docker's `--privileged`, which
+//! kind's nodes use, asks runc for every capability the kernel has, and runc
+//! fails ("unable to apply caps"). When xtask starts the engine on such a
+//! host, it makes the default runtime a wrapper around runc
+//! ([`runc_wrapper`]) that drops exactly the withheld capabilities from each
+//! container's OCI config; an engine already running is used as it is.
+//!
 //! Limits: installing needs root and an apt-based host (Debian, Ubuntu);
 //! elsewhere the message says to install Docker. The engine started here
 //! outlives the run (as a system service would) and is reused by the next.
@@ -86,6 +94,32 @@ pub fn ensure_engine() -> Result<()> {
     let log = log_dir.join("dockerd.log");
     let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     let mut cmd = Command::new(&dockerd);
+    let withheld = withheld_capabilities();
+    if !withheld.is_empty() {
+        let wrapper = log_dir.join("runc-wrapper");
+        let runc = on_path("runc").context("runc is not installed (Debian's docker.io brings it)")?;
+        if on_path("jq").is_none() {
+            run(
+                "apt-get install jq",
+                Command::new("apt-get")
+                    .args(["install", "-y", "--no-install-recommends", "jq"])
+                    .env("DEBIAN_FRONTEND", "noninteractive"),
+            )?;
+        }
+        std::fs::write(&wrapper, runc_wrapper(&runc, &withheld))?;
+        std::fs::set_permissions(
+            &wrapper,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
+        eprintln!(
+            "==> docker: this host withholds {}: containers run through {}",
+            withheld.join(", "),
+            wrapper.display()
+        );
+        cmd.arg("--add-runtime")
+            .arg(format!("aws-dra-runc={}", wrapper.display()))
+            .args(["--default-runtime", "aws-dra-runc"]);
+    }
     cmd.stdin(Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file);
@@ -95,6 +129,72 @@ pub fn ensure_engine() -> Result<()> {
     cmd.spawn()
         .with_context(|| format!("starting {}", dockerd.display()))?;
     wait_for_engine(&log)
+}
+
+/// Capability names by number (`linux/capability.h`).
+const CAPABILITIES: [&str; 41] = [
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+    "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
+    "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT",
+    "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD",
+    "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG",
+    "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+];
+
+/// `CAP_*` names the kernel has (up to `last`) but `bounding` lacks.
+pub fn missing_from(bounding: u64, last: usize) -> Vec<String> {
+    CAPABILITIES
+        .iter()
+        .enumerate()
+        .take(last + 1)
+        .filter(|(bit, _)| bounding & (1u64 << bit) == 0)
+        .map(|(_, name)| format!("CAP_{name}"))
+        .collect()
+}
+
+/// The capabilities this process's bounding set lacks.
+fn withheld_capabilities() -> Vec<String> {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let Some(bounding) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+    else {
+        return Vec::new();
+    };
+    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(CAPABILITIES.len() - 1);
+    missing_from(bounding, last)
+}
+
+/// A runc that removes `withheld` from every capability set of the bundle's
+/// `config.json` (`create`/`run` name it with `--bundle`), then runs `runc`.
+pub fn runc_wrapper(runc: &Path, withheld: &[String]) -> String {
+    let list = withheld
+        .iter()
+        .map(|c| format!("\"{c}\""))
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        "#!/bin/sh\n\
+         # Written by cargo xtask (xtask/src/docker.rs): this host withholds {names}.\n\
+         bundle=\n\
+         prev=\n\
+         for a in \"$@\"; do\n\
+         \x20 case \"$prev\" in --bundle|-b) bundle=\"$a\" ;; esac\n\
+         \x20 case \"$a\" in --bundle=*) bundle=\"${{a#--bundle=}}\" ;; esac\n\
+         \x20 prev=\"$a\"\n\
+         done\n\
+         if [ -n \"$bundle\" ] && [ -f \"$bundle/config.json\" ]; then\n\
+         \x20 jq -c 'if .process.capabilities then .process.capabilities |= with_entries(.value |= map(select(. as $c | [{list}] | index($c) | not))) else . end' \"$bundle/config.json\" > \"$bundle/config.json.aws-dra\" \\\n\
+         \x20   && mv \"$bundle/config.json.aws-dra\" \"$bundle/config.json\"\n\
+         fi\n\
+         exec {runc} \"$@\"\n",
+        names = withheld.join(" "),
+        runc = runc.display(),
+    )
 }
 
 fn wait_for_engine(log: &Path) -> Result<()> {
@@ -176,4 +276,27 @@ pub fn output(what: &str, cmd: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn withheld_capabilities_are_named_by_bit() {
+        // This machine's bounding set: everything but bit 24.
+        assert_eq!(missing_from(0x1_ffff_ffff_ff & !(1 << 24), 40), ["CAP_SYS_RESOURCE"]);
+        assert!(missing_from(0x1_ffff_ffff_ff, 40).is_empty());
+        // Bits above the kernel's last capability do not count.
+        assert!(missing_from(0xff_ffff_ffff, 39).is_empty());
+    }
+
+    #[test]
+    fn the_runc_wrapper_filters_the_bundle_config_and_execs_runc() {
+        let w = runc_wrapper(Path::new("/usr/sbin/runc"), &["CAP_SYS_RESOURCE".into()]);
+        assert!(w.starts_with("#!/bin/sh\n"), "{w}");
+        assert!(w.contains("[\"CAP_SYS_RESOURCE\"]"), "{w}");
+        assert!(w.contains("--bundle|-b) bundle="), "{w}");
+        assert!(w.trim_end().ends_with("exec /usr/sbin/runc \"$@\""), "{w}");
+    }
 }

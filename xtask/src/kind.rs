@@ -78,15 +78,17 @@ pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> 
             }],
         }));
     }
+    // Without apiVersion, kind applies a patch whatever kubeadm API the
+    // node image's release uses.
     let mut patches = Vec::new();
     if cgroup_v1 {
         patches.push(json!(
-            "kind: KubeletConfiguration\napiVersion: kubelet.config.k8s.io/v1beta1\nfailCgroupV1: false\n"
+            "kind: KubeletConfiguration\nfailCgroupV1: false\n"
         ));
     }
     if offline {
         patches.push(json!(
-            "kind: InitConfiguration\napiVersion: kubeadm.k8s.io/v1beta4\nskipPhases:\n- addon/coredns\n"
+            "kind: InitConfiguration\nskipPhases:\n- addon/coredns\n"
         ));
     }
     let mut config = json!({

@@ -1,5 +1,5 @@
 //! Images `cargo xtask e2e --cluster kind` builds on the machine, so the
-//! kind path needs no image registry (`--node-image offline`, the default):
+//! kind path needs no image registry (`--kind-images offline`, the default):
 //!
 //! - [`DEBIAN_IMAGE`]: Debian 12 (`debootstrap --variant=minbase` from the
 //!   machine's Debian mirror, trusting the host's local certificate
@@ -330,10 +330,16 @@ fn link_or_copy(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Copies a tree out of the Go module cache, whose files and directories
+/// are read-only: the copy is made writable so that it can be removed.
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     docker::run(
         &format!("copying {}", from.display()),
         Command::new("cp").arg("-rT").arg(from).arg(to),
+    )?;
+    docker::run(
+        "making the copy writable",
+        Command::new("chmod").arg("-R").arg("u+w").arg(to),
     )
 }
 
