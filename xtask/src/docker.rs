@@ -60,6 +60,13 @@ fn is_root() -> bool {
 /// when `dockerd` is missing, starts `dockerd` when it is not running.
 pub fn ensure_engine() -> Result<()> {
     let Some(why) = engine_unavailable() else {
+        // An engine xtask started earlier runs containers through the
+        // wrapper: keep its script the one this xtask writes.
+        let wrapper = wrapper_path();
+        let withheld = withheld_capabilities();
+        if wrapper.exists() && !withheld.is_empty() {
+            write_wrapper(&wrapper, &withheld)?;
+        }
         return Ok(());
     };
     eprintln!("==> docker: {why}; starting one");
@@ -96,21 +103,8 @@ pub fn ensure_engine() -> Result<()> {
     let mut cmd = Command::new(&dockerd);
     let withheld = withheld_capabilities();
     if !withheld.is_empty() {
-        let wrapper = log_dir.join("runc-wrapper");
-        let runc = on_path("runc").context("runc is not installed (Debian's docker.io brings it)")?;
-        if on_path("jq").is_none() {
-            run(
-                "apt-get install jq",
-                Command::new("apt-get")
-                    .args(["install", "-y", "--no-install-recommends", "jq"])
-                    .env("DEBIAN_FRONTEND", "noninteractive"),
-            )?;
-        }
-        std::fs::write(&wrapper, runc_wrapper(&runc, &withheld))?;
-        std::fs::set_permissions(
-            &wrapper,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )?;
+        let wrapper = wrapper_path();
+        write_wrapper(&wrapper, &withheld)?;
         eprintln!(
             "==> docker: this host withholds {}: containers run through {}",
             withheld.join(", "),
@@ -129,6 +123,30 @@ pub fn ensure_engine() -> Result<()> {
     cmd.spawn()
         .with_context(|| format!("starting {}", dockerd.display()))?;
     wait_for_engine(&log)
+}
+
+fn wrapper_path() -> PathBuf {
+    e2e::toolchain::cache_root().join("docker").join("runc-wrapper")
+}
+
+fn write_wrapper(wrapper: &Path, withheld: &[String]) -> Result<()> {
+    let runc = on_path("runc").context("runc is not installed (Debian's docker.io brings it)")?;
+    if on_path("jq").is_none() {
+        run(
+            "apt-get install jq",
+            Command::new("apt-get")
+                .args(["install", "-y", "--no-install-recommends", "jq"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    if let Some(dir) = wrapper.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = wrapper.with_extension("tmp");
+    std::fs::write(&tmp, runc_wrapper(&runc, withheld))?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    std::fs::rename(&tmp, wrapper)?;
+    Ok(())
 }
 
 /// Capability names by number (`linux/capability.h`).
@@ -169,28 +187,28 @@ fn withheld_capabilities() -> Vec<String> {
     missing_from(bounding, last)
 }
 
-/// A runc that removes `withheld` from every capability set of the bundle's
-/// `config.json` (`create`/`run` name it with `--bundle`), then runs `runc`.
+/// A runc that removes `withheld` from every capability set runc is about
+/// to apply: the bundle's `config.json` (`create`/`run --bundle`) and the
+/// process file of `exec --process` (`docker exec`); then runs `runc`.
 pub fn runc_wrapper(runc: &Path, withheld: &[String]) -> String {
     let list = withheld
         .iter()
         .map(|c| format!("\"{c}\""))
         .collect::<Vec<_>>()
         .join(",");
+    let drop = format!("with_entries(.value |= map(select(. as $c | [{list}] | index($c) | not)))");
     format!(
         "#!/bin/sh\n\
          # Written by cargo xtask (xtask/src/docker.rs): this host withholds {names}.\n\
-         bundle=\n\
+         filter() {{ jq -c \"$1\" \"$2\" > \"$2.aws-dra\" && mv \"$2.aws-dra\" \"$2\"; }}\n\
          prev=\n\
          for a in \"$@\"; do\n\
-         \x20 case \"$prev\" in --bundle|-b) bundle=\"$a\" ;; esac\n\
-         \x20 case \"$a\" in --bundle=*) bundle=\"${{a#--bundle=}}\" ;; esac\n\
+         \x20 case \"$prev\" in\n\
+         \x20   --bundle|-b) [ -f \"$a/config.json\" ] && filter 'if .process.capabilities then .process.capabilities |= {drop} else . end' \"$a/config.json\" ;;\n\
+         \x20   --process|-p) [ -f \"$a\" ] && filter 'if .capabilities then .capabilities |= {drop} else . end' \"$a\" ;;\n\
+         \x20 esac\n\
          \x20 prev=\"$a\"\n\
          done\n\
-         if [ -n \"$bundle\" ] && [ -f \"$bundle/config.json\" ]; then\n\
-         \x20 jq -c 'if .process.capabilities then .process.capabilities |= with_entries(.value |= map(select(. as $c | [{list}] | index($c) | not))) else . end' \"$bundle/config.json\" > \"$bundle/config.json.aws-dra\" \\\n\
-         \x20   && mv \"$bundle/config.json.aws-dra\" \"$bundle/config.json\"\n\
-         fi\n\
          exec {runc} \"$@\"\n",
         names = withheld.join(" "),
         runc = runc.display(),
@@ -296,7 +314,8 @@ mod tests {
         let w = runc_wrapper(Path::new("/usr/sbin/runc"), &["CAP_SYS_RESOURCE".into()]);
         assert!(w.starts_with("#!/bin/sh\n"), "{w}");
         assert!(w.contains("[\"CAP_SYS_RESOURCE\"]"), "{w}");
-        assert!(w.contains("--bundle|-b) bundle="), "{w}");
+        assert!(w.contains("--bundle|-b)"), "{w}");
+        assert!(w.contains("--process|-p)"), "{w}");
         assert!(w.trim_end().ends_with("exec /usr/sbin/runc \"$@\""), "{w}");
     }
 }

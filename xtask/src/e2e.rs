@@ -90,6 +90,10 @@ pub struct E2eArgs {
     /// public bases (`registry`).
     #[arg(long, value_enum, default_value_t = crate::kind::KindImages::Offline)]
     pub kind_images: crate::kind::KindImages,
+    /// `--cluster kind`: build the tools, binaries and images, then stop
+    /// before creating the cluster (to warm the caches outside a cluster run).
+    #[arg(long)]
+    pub prepare_only: bool,
     /// Which local testbeds run the scenarios (`--cluster local`).
     #[arg(long, value_enum, default_value_t = TestbedChoice::All)]
     pub testbed: TestbedChoice,
@@ -271,6 +275,10 @@ fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     let setup = crate::kind::prepare_images(root, kind, args.kind_images, &version)?;
     let probe = e2e::Binaries::locate(&version)?.probe_image;
     let prepared_s = started.elapsed().as_secs_f64();
+    if args.prepare_only {
+        eprintln!("==> e2e(kind): tools, binaries and images ready in {prepared_s:.1}s");
+        return Ok(());
+    }
     let t = Instant::now();
     let kubeconfig = crate::kind::bring_up(root, work, &bin_dir, &probe, &setup)?;
     let bring_up_s = t.elapsed().as_secs_f64();
