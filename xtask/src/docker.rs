@@ -100,7 +100,18 @@ pub fn ensure_engine() -> Result<()> {
     std::fs::create_dir_all(&log_dir)?;
     let log = log_dir.join("dockerd.log");
     let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = Command::new(&dockerd);
+    // Through a shell that first closes every inherited descriptor above
+    // stderr: the engine outlives this run, and must not keep a lock file
+    // open that a caller holds (`flock <lock> cargo xtask e2e` passes its
+    // locked descriptor down, and a dockerd holding it blocks every later
+    // run that waits on the lock).
+    // bash: dash cannot name descriptors above 9 in a redirection.
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-c",
+        "for fd in /proc/$$/fd/*; do n=${fd##*/}; [ \"$n\" -gt 2 ] && eval \"exec $n>&-\"; done; exec \"$0\" \"$@\"",
+    ])
+    .arg(&dockerd);
     let withheld = withheld_capabilities();
     if !withheld.is_empty() {
         let wrapper = wrapper_path();
