@@ -78,7 +78,9 @@ pub fn ensure_engine() -> Result<()> {
     }
     if on_path("dockerd").is_none() {
         if on_path("apt-get").is_none() {
-            bail!("{why}, and this host has no apt-get to install Debian's docker.io: install Docker");
+            bail!(
+                "{why}, and this host has no apt-get to install Debian's docker.io: install Docker"
+            );
         }
         let started = Instant::now();
         eprintln!("==> docker: apt-get install docker.io (Debian's package)");
@@ -99,7 +101,8 @@ pub fn ensure_engine() -> Result<()> {
     let log_dir = e2e::toolchain::cache_root().join("docker");
     std::fs::create_dir_all(&log_dir)?;
     let log = log_dir.join("dockerd.log");
-    let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let file =
+        std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     // Through a shell that first closes every inherited descriptor above
     // stderr: the engine outlives this run, and must not keep a lock file
     // open that a caller holds (`flock <lock> cargo xtask e2e` passes its
@@ -137,7 +140,9 @@ pub fn ensure_engine() -> Result<()> {
 }
 
 fn wrapper_path() -> PathBuf {
-    e2e::toolchain::cache_root().join("docker").join("runc-wrapper")
+    e2e::toolchain::cache_root()
+        .join("docker")
+        .join("runc-wrapper")
 }
 
 fn write_wrapper(wrapper: &Path, withheld: &[String]) -> Result<()> {
@@ -162,12 +167,47 @@ fn write_wrapper(wrapper: &Path, withheld: &[String]) -> Result<()> {
 
 /// Capability names by number (`linux/capability.h`).
 const CAPABILITIES: [&str; 41] = [
-    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
-    "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
-    "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT",
-    "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD",
-    "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG",
-    "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "DAC_READ_SEARCH",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "SETGID",
+    "SETUID",
+    "SETPCAP",
+    "LINUX_IMMUTABLE",
+    "NET_BIND_SERVICE",
+    "NET_BROADCAST",
+    "NET_ADMIN",
+    "NET_RAW",
+    "IPC_LOCK",
+    "IPC_OWNER",
+    "SYS_MODULE",
+    "SYS_RAWIO",
+    "SYS_CHROOT",
+    "SYS_PTRACE",
+    "SYS_PACCT",
+    "SYS_ADMIN",
+    "SYS_BOOT",
+    "SYS_NICE",
+    "SYS_RESOURCE",
+    "SYS_TIME",
+    "SYS_TTY_CONFIG",
+    "MKNOD",
+    "LEASE",
+    "AUDIT_WRITE",
+    "AUDIT_CONTROL",
+    "SETFCAP",
+    "MAC_OVERRIDE",
+    "MAC_ADMIN",
+    "SYSLOG",
+    "WAKE_ALARM",
+    "BLOCK_SUSPEND",
+    "AUDIT_READ",
+    "PERFMON",
+    "BPF",
+    "CHECKPOINT_RESTORE",
 ];
 
 /// `CAP_*` names the kernel has (up to `last`) but `bounding` lacks.
@@ -235,7 +275,10 @@ fn wait_for_engine(log: &Path) -> Result<()> {
                 return Ok(());
             }
             Some(why) if Instant::now() > deadline => {
-                bail!("dockerd did not answer within 60 s ({why}); see {}", log.display())
+                bail!(
+                    "dockerd did not answer within 60 s ({why}); see {}",
+                    log.display()
+                )
             }
             Some(_) => std::thread::sleep(Duration::from_millis(500)),
         }
@@ -314,8 +357,11 @@ mod tests {
     #[test]
     fn withheld_capabilities_are_named_by_bit() {
         // This machine's bounding set: everything but bit 24.
-        assert_eq!(missing_from(0x1_ffff_ffff_ff & !(1 << 24), 40), ["CAP_SYS_RESOURCE"]);
-        assert!(missing_from(0x1_ffff_ffff_ff, 40).is_empty());
+        assert_eq!(
+            missing_from(0x1ff_ffff_ffff & !(1 << 24), 40),
+            ["CAP_SYS_RESOURCE"]
+        );
+        assert!(missing_from(0x1ff_ffff_ffff, 40).is_empty());
         // Bits above the kernel's last capability do not count.
         assert!(missing_from(0xff_ffff_ffff, 39).is_empty());
     }

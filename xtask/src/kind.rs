@@ -82,9 +82,7 @@ pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> 
     // node image's release uses.
     let mut patches = Vec::new();
     if cgroup_v1 {
-        patches.push(json!(
-            "kind: KubeletConfiguration\nfailCgroupV1: false\n"
-        ));
+        patches.push(json!("kind: KubeletConfiguration\nfailCgroupV1: false\n"));
     }
     if offline {
         patches.push(json!(
@@ -165,7 +163,8 @@ pub fn no_docker_message(why: &str) -> String {
 /// module); both before any other build, so a machine that cannot have
 /// them learns it at once.
 pub fn prepare_tools(root: &Path) -> Result<PathBuf> {
-    crate::docker::ensure_engine().map_err(|e| anyhow::anyhow!(no_docker_message(&format!("{e:#}"))))?;
+    crate::docker::ensure_engine()
+        .map_err(|e| anyhow::anyhow!(no_docker_message(&format!("{e:#}"))))?;
     crate::kind_tool::ensure(root)
 }
 
@@ -201,7 +200,7 @@ pub fn prepare_images(
                 kind_base_files: &base_files,
                 pause_binary: &pause_binary,
             })?;
-            let rust = crate::kind_images::ensure_rust()?;
+            let rust = crate::base_images::ensure_rust()?;
             eprintln!(
                 "==> e2e(kind): offline images ready in {:.1}s",
                 started.elapsed().as_secs_f64()
@@ -212,7 +211,7 @@ pub fn prepare_images(
                     ("BUILD_IMAGE".to_string(), rust),
                     (
                         "RUNTIME_IMAGE".to_string(),
-                        crate::kind_images::DEBIAN_IMAGE.to_string(),
+                        crate::base_images::DEBIAN_IMAGE.to_string(),
                     ),
                 ],
             )

@@ -1,13 +1,7 @@
 //! Images `cargo xtask e2e --cluster kind` builds on the machine, so the
 //! kind path needs no image registry (`--kind-images offline`, the default):
 //!
-//! - [`DEBIAN_IMAGE`]: Debian 12 (`debootstrap --variant=minbase` from the
-//!   machine's Debian mirror, trusting the host's local certificate
-//!   authorities, then `docker import`): the base of the others
-//!   and the Dockerfile's runtime base in place of distroless/cc (glibc and
-//!   libgcc_s, as the drivers need);
-//! - [`rust_image`]: that plus gcc and the host's Rust toolchain: the
-//!   Dockerfile's build base in place of `rust:<version>-bookworm`;
+//! - the Dockerfile's local base images ([`crate::base_images`]);
 //! - the kind node image of a Kubernetes version ([`node_image`]): Debian
 //!   with systemd, iptables, runc and the CNI plugins (Debian packages),
 //!   kind's own base-image files (entrypoint, systemd units, containerd
@@ -30,10 +24,9 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
+use crate::base_images::{DEBIAN_IMAGE, ensure_debian};
 use crate::docker;
 
-/// Debian 12 from debootstrap.
-pub const DEBIAN_IMAGE: &str = "aws-dra-local/debian:bookworm";
 /// Debian packages of the node image (kind's base image has the same set,
 /// less what only rootless or storage tests use), plus runc and the CNI
 /// plugins, which kind builds from source.
@@ -65,166 +58,18 @@ fn work_root() -> PathBuf {
     e2e::toolchain::cache_root().join("kind-images")
 }
 
-/// The Debian mirror `debootstrap` and the images' apt use.
-fn debian_mirror() -> String {
-    std::env::var("AWS_DRA_DEBIAN_MIRROR").unwrap_or_else(|_| "http://deb.debian.org/debian".into())
-}
-
-fn sh(what: &str, script: &str) -> Result<()> {
-    docker::run(what, Command::new("sh").args(["-ec", script]))
-}
-
-/// Builds [`DEBIAN_IMAGE`] unless the engine has it.
-pub fn ensure_debian() -> Result<()> {
-    if docker::has_image(DEBIAN_IMAGE) {
-        return Ok(());
-    }
-    let started = Instant::now();
-    if Command::new("debootstrap").arg("--version").output().is_err() {
-        sh(
-            "apt-get install debootstrap",
-            "DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends debootstrap",
-        )?;
-    }
-    let work = work_root();
-    std::fs::create_dir_all(&work)?;
-    let rootfs = work.join("debian-rootfs");
-    if rootfs.exists() {
-        std::fs::remove_dir_all(&rootfs)?;
-    }
-    let rootfs_s = rootfs.to_str().context("cache path is not UTF-8")?;
-    let mirror = debian_mirror();
-    sh(
-        "debootstrap bookworm (minbase)",
-        &format!(
-            "debootstrap --variant=minbase --include=ca-certificates bookworm '{rootfs_s}' '{mirror}'"
-        ),
-    )?;
-    // The host's mirror may serve a frozen snapshot whose Release files have
-    // expired: apt in the images accepts them as the host's apt does.
-    std::fs::write(
-        rootfs.join("etc/apt/apt.conf.d/99aws-dra-snapshot"),
-        "Acquire::Check-Valid-Until \"false\";\nAcquire::Check-Date \"false\";\n",
-    )?;
-    // Certificate authorities this host added (a TLS-inspecting proxy's,
-    // say) are trusted inside too, or cargo and apt in the images could not
-    // reach what the host reaches.
-    let local_cas = Path::new("/usr/local/share/ca-certificates");
-    if local_cas.is_dir() {
-        sh(
-            "trusting the host's local certificate authorities",
-            &format!(
-                "cp -rT {} '{rootfs_s}/usr/local/share/ca-certificates' \
-                 && chroot '{rootfs_s}' update-ca-certificates",
-                local_cas.display()
-            ),
-        )?;
-    }
-    sh(
-        "docker import (Debian rootfs)",
-        &format!(
-            "rm -rf '{rootfs_s}'/var/cache/apt/archives/*.deb '{rootfs_s}'/var/lib/apt/lists/*; \
-             tar -C '{rootfs_s}' -c . | docker import --change 'CMD [\"/bin/bash\"]' - {DEBIAN_IMAGE}"
-        ),
-    )?;
-    std::fs::remove_dir_all(&rootfs)?;
-    eprintln!(
-        "    {DEBIAN_IMAGE}: built in {:.0}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
-}
-
-/// The host toolchain `rustc` runs from, and its version (`1.95.0`).
-fn host_toolchain() -> Result<(PathBuf, String)> {
-    let sysroot = docker::output(
-        "rustc --print sysroot",
-        Command::new("rustc").args(["--print", "sysroot"]),
-    )?;
-    let version = docker::output("rustc --version", Command::new("rustc").arg("--version"))?;
-    let version = version
-        .split_whitespace()
-        .nth(1)
-        .context("rustc --version printed no version")?
-        .to_string();
-    let sysroot = PathBuf::from(sysroot.trim());
-    let sysroot = sysroot.canonicalize().unwrap_or(sysroot);
-    Ok((sysroot, version))
-}
-
-/// The build base of the Dockerfile: tag of the host's Rust version.
-pub fn rust_image() -> Result<String> {
-    Ok(format!(
-        "aws-dra-local/rust:{}-bookworm",
-        host_toolchain()?.1
-    ))
-}
-
-/// Builds [`rust_image`] unless the engine has it: Debian, gcc (the linker
-/// and the C parts of `ring`), and the host's toolchain (its `bin` and
-/// `lib`, documentation left out) at `/usr/local/rust`.
-pub fn ensure_rust() -> Result<String> {
-    let image = rust_image()?;
-    if docker::has_image(&image) {
-        return Ok(image);
-    }
-    ensure_debian()?;
-    let (sysroot, _) = host_toolchain()?;
-    let ctx = work_root().join("rust-context");
-    if ctx.exists() {
-        std::fs::remove_dir_all(&ctx)?;
-    }
-    std::fs::create_dir_all(ctx.join("toolchain"))?;
-    for part in ["bin", "lib"] {
-        // Hard links when the cache shares the toolchain's file system.
-        let status = Command::new("cp")
-            .arg("-al")
-            .arg(sysroot.join(part))
-            .arg(ctx.join("toolchain"))
-            .status()?;
-        if !status.success() {
-            docker::run(
-                "copying the Rust toolchain",
-                Command::new("cp")
-                    .arg("-a")
-                    .arg(sysroot.join(part))
-                    .arg(ctx.join("toolchain")),
-            )?;
-        }
-    }
-    std::fs::write(
-        ctx.join("Dockerfile"),
-        format!(
-            "FROM {DEBIAN_IMAGE}\n\
-             RUN apt-get update \\\n \
-             && apt-get install -y --no-install-recommends gcc libc6-dev \\\n \
-             && rm -rf /var/lib/apt/lists/*\n\
-             COPY toolchain/ /usr/local/rust/\n\
-             ENV CARGO_HOME=/usr/local/cargo PATH=/usr/local/cargo/bin:/usr/local/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
-             RUN cargo --version && rustc --version\n"
-        ),
-    )?;
-    docker::run(
-        &format!("docker build {image}"),
-        docker::build_command()?.arg("-t").arg(&image).arg(&ctx),
-    )?;
-    std::fs::remove_dir_all(&ctx)?;
-    Ok(image)
-}
-
 /// The images kubeadm of `version` runs (`kubeadm config images list`).
 fn kubeadm_images(kubeadm: &Path, version: &str) -> Result<Vec<String>> {
     let out = docker::output(
         "kubeadm config images list",
-        Command::new(kubeadm).args([
-            "config",
-            "images",
-            "list",
-            "--kubernetes-version",
-            version,
-        ]),
+        Command::new(kubeadm).args(["config", "images", "list", "--kubernetes-version", version]),
     )?;
-    Ok(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_owned).collect())
+    Ok(out
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect())
 }
 
 /// The binary `kubeadm`'s image `reference` runs, by its repository name.
@@ -350,7 +195,8 @@ fn write_node_archives(inputs: &NodeInputs, kubeadm: &Path, dir: &Path) -> Resul
     let b = inputs.binaries;
     let mut references = kubeadm_images(kubeadm, &inputs.version.to_string())?;
     // kind's containerd config names its own pause tag as the sandbox image.
-    let config = std::fs::read_to_string(inputs.kind_base_files.join("etc/containerd/config.toml"))?;
+    let config =
+        std::fs::read_to_string(inputs.kind_base_files.join("etc/containerd/config.toml"))?;
     if let Some(sandbox) = config
         .lines()
         .find_map(|l| l.trim().strip_prefix("sandbox_image = "))
@@ -370,12 +216,11 @@ fn write_node_archives(inputs: &NodeInputs, kubeadm: &Path, dir: &Path) -> Resul
                 continue;
             }
             "coredns" => continue,
-            other => bail!("kubeadm wants an image this build does not make: {other} ({reference})"),
+            other => {
+                bail!("kubeadm wants an image this build does not make: {other} ({reference})")
+            }
         };
-        let file = dir.join(format!(
-            "{}.oci.tar",
-            reference.replace(['/', ':'], "_")
-        ));
+        let file = dir.join(format!("{}.oci.tar", reference.replace(['/', ':'], "_")));
         // The command kubeadm's manifests give is the bare name (`etcd`,
         // `kube-apiserver`): the image's PATH is `/`.
         e2e::image::write_archive(
@@ -419,7 +264,10 @@ fn kube_proxy_archive(inputs: &NodeInputs, reference: &str, out: &Path) -> Resul
     )?;
     docker::run(
         "docker save kube-proxy",
-        Command::new("docker").args(["save", "-o"]).arg(out).arg(reference),
+        Command::new("docker")
+            .args(["save", "-o"])
+            .arg(out)
+            .arg(reference),
     )?;
     std::fs::remove_dir_all(&ctx)?;
     Ok(())
@@ -456,8 +304,15 @@ pub fn ensure_node(inputs: &NodeInputs) -> Result<String> {
         let name = from.file_name().context("binary without a name")?;
         link_or_copy(&from, &ctx.join(dir).join(name))?;
     }
-    write_node_archives(inputs, &inputs.kind_node_dir.join("kubeadm"), &ctx.join("images"))?;
-    std::fs::write(ctx.join("Dockerfile"), node_dockerfile(&inputs.version.to_string()))?;
+    write_node_archives(
+        inputs,
+        &inputs.kind_node_dir.join("kubeadm"),
+        &ctx.join("images"),
+    )?;
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        node_dockerfile(&inputs.version.to_string()),
+    )?;
     std::fs::write(ctx.join(".dockerignore"), "images/\n")?;
     let stage = format!("{image}-stage");
     docker::run(
@@ -465,7 +320,9 @@ pub fn ensure_node(inputs: &NodeInputs) -> Result<String> {
         docker::build_command()?.arg("-t").arg(&stage).arg(&ctx),
     )?;
     preload(&stage, &image, &ctx.join("images"))?;
-    let _ = Command::new("docker").args(["image", "rm", &stage]).output();
+    let _ = Command::new("docker")
+        .args(["image", "rm", &stage])
+        .output();
     std::fs::remove_dir_all(&ctx)?;
     eprintln!(
         "==> kind node image {image}: built in {:.0}s",
@@ -533,10 +390,14 @@ fn preload(stage: &str, image: &str, images: &Path) -> Result<()> {
         }
         let listed = docker::output(
             "ctr images ls",
-            Command::new("docker").args(["exec", name, "ctr", "-n", "k8s.io", "images", "ls", "-q"]),
+            Command::new("docker")
+                .args(["exec", name, "ctr", "-n", "k8s.io", "images", "ls", "-q"]),
         )?;
         eprintln!("    preloaded:\n{listed}");
-        docker::run("stopping containerd", Command::new("docker").args(["stop", name]))?;
+        docker::run(
+            "stopping containerd",
+            Command::new("docker").args(["stop", name]),
+        )?;
         docker::run(
             &format!("docker commit {image}"),
             Command::new("docker").args([
@@ -560,9 +421,15 @@ mod tests {
 
     #[test]
     fn kubeadm_references_map_to_components() {
-        assert_eq!(image_component("registry.k8s.io/kube-apiserver:v1.37.2"), "kube-apiserver");
+        assert_eq!(
+            image_component("registry.k8s.io/kube-apiserver:v1.37.2"),
+            "kube-apiserver"
+        );
         assert_eq!(image_component("registry.k8s.io/etcd:3.6.5-0"), "etcd");
-        assert_eq!(image_component("registry.k8s.io/coredns/coredns:v1.12.1"), "coredns");
+        assert_eq!(
+            image_component("registry.k8s.io/coredns/coredns:v1.12.1"),
+            "coredns"
+        );
         assert_eq!(image_component("registry.k8s.io/pause:3.10.1"), "pause");
     }
 
@@ -570,7 +437,10 @@ mod tests {
     fn the_node_dockerfile_enables_kinds_units_and_keeps_its_entrypoint() {
         let d = node_dockerfile("v1.37.2");
         assert!(d.starts_with(&format!("FROM {DEBIAN_IMAGE}\n")), "{d}");
-        assert!(d.contains("systemctl enable kubelet.service containerd.service"), "{d}");
+        assert!(
+            d.contains("systemctl enable kubelet.service containerd.service"),
+            "{d}"
+        );
         assert!(d.contains("echo v1.37.2 > /kind/version"), "{d}");
         assert!(d.contains(&format!("ENTRYPOINT {NODE_ENTRYPOINT}")), "{d}");
         for p in ["runc", "containernetworking-plugins", "systemd", "iptables"] {

@@ -75,7 +75,11 @@ fn node_nets(cluster: &str) -> Result<Vec<NodeNet>> {
             "{{.Names}}",
         ]),
     )?;
-    let names: Vec<&str> = names.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let names: Vec<&str> = names
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     let control_plane = names
         .iter()
         .find(|n| n.ends_with("-control-plane"))
@@ -165,24 +169,45 @@ mod tests {
 
     #[test]
     fn each_node_routes_to_the_others_pod_ranges() {
-        let nodes: Vec<NodeNet> = [("cp", "172.18.0.2", "10.244.0.0/24"), ("w1", "172.18.0.3", "10.244.1.0/24"), ("w2", "172.18.0.4", "10.244.2.0/24")]
-            .into_iter()
-            .map(|(n, ip, c)| NodeNet {
-                name: n.into(),
-                ip: ip.into(),
-                pod_cidr: c.into(),
-            })
-            .collect();
+        let nodes: Vec<NodeNet> = [
+            ("cp", "172.18.0.2", "10.244.0.0/24"),
+            ("w1", "172.18.0.3", "10.244.1.0/24"),
+            ("w2", "172.18.0.4", "10.244.2.0/24"),
+        ]
+        .into_iter()
+        .map(|(n, ip, c)| NodeNet {
+            name: n.into(),
+            ip: ip.into(),
+            pod_cidr: c.into(),
+        })
+        .collect();
         let r = routes("w1", &nodes);
         assert_eq!(
             r,
             vec![
-                vec!["ip", "route", "replace", "10.244.0.0/24", "via", "172.18.0.2"],
-                vec!["ip", "route", "replace", "10.244.2.0/24", "via", "172.18.0.4"],
+                vec![
+                    "ip",
+                    "route",
+                    "replace",
+                    "10.244.0.0/24",
+                    "via",
+                    "172.18.0.2"
+                ],
+                vec![
+                    "ip",
+                    "route",
+                    "replace",
+                    "10.244.2.0/24",
+                    "via",
+                    "172.18.0.4"
+                ],
             ]
         );
         let c: serde_json::Value = serde_json::from_str(&cni_config("10.244.1.0/24")).unwrap();
         assert_eq!(c["plugins"][0]["type"], "ptp");
-        assert_eq!(c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
+        assert_eq!(
+            c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+            "10.244.1.0/24"
+        );
     }
 }

@@ -68,7 +68,14 @@ pub fn ensure(repo_root: &Path) -> Result<PathBuf> {
     );
     let started = Instant::now();
     let status = go(&wrapper)
-        .args(["build", "-mod=readonly", "-trimpath", "-ldflags", "-s -w", "-o"])
+        .args([
+            "build",
+            "-mod=readonly",
+            "-trimpath",
+            "-ldflags",
+            "-s -w",
+            "-o",
+        ])
         .arg(&tmp)
         .arg(KIND_MODULE)
         .status()

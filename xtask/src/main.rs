@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so that it runs
 //! wherever cargo does.
 
+mod base_images;
 mod chart_access;
 mod chart_checks;
 mod chart_daemonset;

@@ -177,7 +177,9 @@ pub fn ensure_kind_node_built(
             tags: String::new(),
         })
         .collect();
-    let out = cache_root().join("bin").join(format!("kind-node-{version}"));
+    let out = cache_root()
+        .join("bin")
+        .join(format!("kind-node-{version}"));
     build_set(
         &GoToolchain::find()?,
         "kind node",
@@ -399,8 +401,8 @@ fn ensure_host_packages(progress: &mut Progress) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::go_build::required_version;
     use crate::go_build::KIND_NODE_COMMANDS;
+    use crate::go_build::required_version;
     use crate::versions::CI_RELEASES;
 
     /// Each committed wrapper must replace every staging module of its
