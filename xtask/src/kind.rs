@@ -137,7 +137,7 @@ pub enum KindImages {
     Registry,
 }
 
-/// How the cluster is made: the tools and images [`prepare`] settled on.
+/// How the cluster is made: the tools and images [`prepare_images`] settled on.
 pub struct KindSetup {
     /// The kind binary.
     pub kind: PathBuf,
