@@ -82,7 +82,14 @@ pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> 
     // node image's release uses.
     let mut patches = Vec::new();
     if cgroup_v1 {
+        // kubeadm's preflight refuses cgroup v1 from 1.35 on, even with the
+        // kubelet told to accept it: its SystemVerification must be skipped too.
         patches.push(json!("kind: KubeletConfiguration\nfailCgroupV1: false\n"));
+        for kind in ["InitConfiguration", "JoinConfiguration"] {
+            patches.push(json!(format!(
+                "kind: {kind}\nnodeRegistration:\n  ignorePreflightErrors:\n  - SystemVerification\n"
+            )));
+        }
     }
     if offline {
         patches.push(json!(
@@ -424,7 +431,12 @@ mod tests {
             .map(|p| p.as_str().unwrap())
             .collect();
         assert!(patches[0].contains("failCgroupV1: false"), "{patches:?}");
-        assert!(patches[1].contains("- addon/coredns"), "{patches:?}");
+        assert!(patches[1].contains("- SystemVerification"), "{patches:?}");
+        assert!(
+            patches[2].starts_with("kind: JoinConfiguration"),
+            "{patches:?}"
+        );
+        assert!(patches[3].contains("- addon/coredns"), "{patches:?}");
         let plain: Value =
             serde_saphyr::from_str(&cluster_config(&nodes(), false, false).unwrap()).unwrap();
         assert!(plain["networking"].is_null() && plain["kubeadmConfigPatches"].is_null());
