@@ -51,17 +51,32 @@ pub fn check(helm: &Helm, root: &Path) -> Result<()> {
             helm.output(&args)
                 .with_context(|| format!("helm lint of {}", spec.name))?;
         }
-        let variants: [(&str, Vec<PathBuf>, Expect); 3] = [
-            ("defaults", vec![], Expect::defaults(spec)),
+        // Rendered for the main release unless a variant names another:
+        // the extended-resource classes follow the cluster's version.
+        let main = e2e::toolchain::default_kubernetes_version().to_string();
+        let variants: [(&str, Vec<PathBuf>, Expect, &str); 4] = [
+            ("defaults", vec![], Expect::defaults(spec), &main),
+            (
+                "defaults for a 1.34 cluster",
+                vec![],
+                Expect::defaults_before_extended_resources(spec),
+                "v1.34.4",
+            ),
             (
                 "ci/nondefault-values.yaml",
                 vec![ci_values],
                 Expect::nondefault(spec),
+                &main,
             ),
-            ("kind e2e values", vec![kind_values], Expect::kind(spec)?),
+            (
+                "kind e2e values",
+                vec![kind_values],
+                Expect::kind(spec)?,
+                &main,
+            ),
         ];
-        for (label, values, expect) in variants {
-            let yaml = render(helm, root, spec, RELEASE, NAMESPACE, &values)?;
+        for (label, values, expect, version) in variants {
+            let yaml = render(helm, root, spec, RELEASE, NAMESPACE, &values, Some(version))?;
             let objs = manifest_checks::parse(&yaml)
                 .with_context(|| format!("{} ({label}) rendered invalid YAML", spec.name))?;
             check_rendered(spec, &expect, &objs)

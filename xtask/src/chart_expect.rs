@@ -41,6 +41,45 @@ pub struct Expect {
     pub cel: Vec<(String, String)>,
     /// (DeviceClass, opaque parameter kind).
     pub class_config: Vec<(String, String)>,
+    /// (DeviceClass, `extendedResourceName`) of the classes serving the
+    /// device plugins' resource names.
+    pub extended: Vec<(String, String)>,
+}
+
+/// The chart's classes for the device plugins' resource names, in the
+/// order the chart renders them (after the default and extra classes), on
+/// a release that serves `extendedResourceName` (1.36+).
+pub fn extended_classes(spec: &ChartSpec) -> Vec<(String, String)> {
+    let pairs: &[(&str, &str)] = if spec.name == EFA.name {
+        &[("efa.efa.networking.k8s.aws", "vpc.amazonaws.com/efa")]
+    } else {
+        &[
+            ("neuron.neuron.aws.com", "aws.amazon.com/neuron"),
+            ("neurondevice.neuron.aws.com", "aws.amazon.com/neurondevice"),
+            ("neuroncore.neuron.aws.com", "aws.amazon.com/neuroncore"),
+        ]
+    };
+    pairs
+        .iter()
+        .map(|(c, r)| ((*c).to_owned(), (*r).to_owned()))
+        .collect()
+}
+
+/// `(class, CEL substring)` that keep each Neuron class to its kind of
+/// device: whole chips for the default class and the chip names, cores for
+/// `neuroncore`.
+fn neuron_kind_selectors(default_class: Option<&str>) -> Vec<(String, String)> {
+    let chip = r#"device.attributes["neuron.aws.com"].resourceType == "neuron_device""#;
+    let core = r#"device.attributes["neuron.aws.com"].resourceType == "neuron_core""#;
+    default_class
+        .into_iter()
+        .map(|c| (c.to_owned(), chip.to_owned()))
+        .chain([
+            ("neuron.neuron.aws.com".to_owned(), chip.to_owned()),
+            ("neurondevice.neuron.aws.com".to_owned(), chip.to_owned()),
+            ("neuroncore.neuron.aws.com".to_owned(), core.to_owned()),
+        ])
+        .collect()
 }
 
 impl Expect {
@@ -63,10 +102,33 @@ impl Expect {
             instance_type_affinity: true,
             host_network: false,
             extra_env: vec![],
-            device_classes: vec![spec.driver.into()],
+            device_classes: std::iter::once(spec.driver.to_owned())
+                .chain(extended_classes(spec).into_iter().map(|(c, _)| c))
+                .collect(),
             extra_args: vec!["--log-format=json".into()],
-            cel: vec![],
+            cel: if spec.name == EFA.name {
+                vec![]
+            } else {
+                neuron_kind_selectors(Some(spec.driver))
+            },
             class_config: vec![],
+            extended: extended_classes(spec),
+        }
+    }
+
+    /// Defaults rendered for a 1.34 cluster: no extended-resource classes.
+    pub fn defaults_before_extended_resources(spec: &ChartSpec) -> Expect {
+        let d = Expect::defaults(spec);
+        Expect {
+            device_classes: vec![spec.driver.into()],
+            cel: d
+                .cel
+                .iter()
+                .filter(|(c, _)| c == spec.driver)
+                .cloned()
+                .collect(),
+            extended: vec![],
+            ..d
         }
     }
 
@@ -88,6 +150,7 @@ impl Expect {
                     "efa.example.com".into(),
                     "efa-numa0.networking.k8s.aws".into(),
                     "efa-rdma.networking.k8s.aws".into(),
+                    "efa.efa.networking.k8s.aws".into(),
                 ],
                 extra_args: vec![
                     "--log-format=text".into(),
@@ -125,9 +188,15 @@ impl Expect {
                 vap: false,
                 service: false,
                 priority_class: None,
-                device_classes: vec!["trn2.neuron.aws.com".into(), "lnc1.neuron.aws.com".into()],
+                device_classes: vec![
+                    "trn2.neuron.aws.com".into(),
+                    "lnc1.neuron.aws.com".into(),
+                    "neuron.neuron.aws.com".into(),
+                    "neurondevice.neuron.aws.com".into(),
+                    "neuroncore.neuron.aws.com".into(),
+                ],
                 extra_args: vec!["--log-format=text".into()],
-                cel: vec![
+                cel: [
                     (
                         "trn2.neuron.aws.com".into(),
                         r#"device.attributes["neuron.aws.com"].instanceType == "trn2.48xlarge""#
@@ -137,7 +206,10 @@ impl Expect {
                         "lnc1.neuron.aws.com".into(),
                         r#"device.attributes["neuron.aws.com"].coreCount == 8"#.into(),
                     ),
-                ],
+                ]
+                .into_iter()
+                .chain(neuron_kind_selectors(None))
+                .collect(),
                 class_config: vec![("lnc1.neuron.aws.com".into(), "NeuronConfig".into())],
                 ..d
             }

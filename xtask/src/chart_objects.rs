@@ -148,6 +148,19 @@ fn check_device_classes(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Res
             id(c)
         );
     }
+    for class in &r.device_classes {
+        let want = expect
+            .extended
+            .iter()
+            .find(|(c, _)| c == name(class))
+            .map(|(_, r)| r.as_str());
+        ensure!(
+            class.spec.extended_resource_name.as_deref() == want,
+            "{}: extendedResourceName {:?}, want {want:?}",
+            id(class),
+            class.spec.extended_resource_name
+        );
+    }
     for (class, kind) in &expect.class_config {
         let c = one(&r.device_classes, Some(class))?;
         let opaque = c

@@ -24,6 +24,7 @@ pub fn render(
     release: &str,
     namespace: &str,
     values: &[PathBuf],
+    kube_version: Option<&str>,
 ) -> Result<String> {
     build_dependencies(helm, root, spec)?;
     let dir = root.join("charts").join(spec.name);
@@ -36,6 +37,9 @@ pub fn render(
     ];
     for v in values {
         args.extend(["-f", path_str(v)?]);
+    }
+    if let Some(v) = kube_version {
+        args.extend(["--kube-version", v]);
     }
     helm.output(&args)
 }

@@ -53,7 +53,7 @@ pub fn run(args: ChartsArgs) -> Result<()> {
                 })?;
             print!(
                 "{}",
-                chart_render::render(&helm, &root, spec, &release, &namespace, &values)?
+                chart_render::render(&helm, &root, spec, &release, &namespace, &values, None)?
             );
             Ok(())
         }

@@ -2,6 +2,7 @@
 //! wherever cargo does.
 
 mod base_images;
+mod bench;
 mod chart_access;
 mod chart_checks;
 mod chart_daemonset;
@@ -58,6 +59,9 @@ enum Task {
     Topology(topology::TopologyArgs),
     /// Build the Kubernetes components and run the local end-to-end cluster.
     K8s(k8s::K8sArgs),
+    /// Benchmarks on the local cluster: our EFA driver against a Go reference
+    /// driver (default), or `fleet`: many simulated nodes' publishers.
+    Bench(bench::BenchArgs),
     /// Run the libFuzzer targets of fuzz/ (stable toolchain): `[TARGET] [--time S]`.
     Fuzz(fuzz::FuzzArgs),
 }
@@ -72,5 +76,6 @@ fn main() -> anyhow::Result<()> {
         Task::Topology(args) => topology::run(args),
         Task::K8s(args) => k8s::run(args),
         Task::Fuzz(args) => fuzz::run(args),
+        Task::Bench(args) => bench::run(args),
     }
 }

@@ -51,6 +51,9 @@ spec:
     - cel:
         expression: {{ . | quote }}
     {{- end }}
+  {{- with .class.extendedResourceName }}
+  extendedResourceName: {{ . }}
+  {{- end }}
   {{- with .class.config }}
   config:
     {{- range . }}
@@ -66,11 +69,40 @@ spec:
 {{- $top := . -}}
 {{- $docs := list -}}
 {{- if .Values.deviceClasses.default.enabled -}}
-{{- $class := dict "name" (default .Values.driver.name .Values.deviceClasses.default.name) -}}
+{{- $class := dict "name" (default .Values.driver.name .Values.deviceClasses.default.name) "attributes" (.Values.deviceClasses.default.attributes | default dict) -}}
 {{- $docs = append $docs (include "dra-driver-lib.deviceClass" (dict "top" $top "class" $class)) -}}
 {{- end -}}
 {{- range .Values.deviceClasses.extra -}}
 {{- $docs = append $docs (include "dra-driver-lib.deviceClass" (dict "top" $top "class" .)) -}}
 {{- end -}}
 {{- join "\n---\n" $docs -}}
+{{- end -}}
+
+{{/*
+Whether a class with spec.extendedResourceName is rendered: `enabled` is
+true, false or "auto"; auto is on where the cluster Helm renders for
+(.Capabilities.KubeVersion: the API server on install, --kube-version with
+helm template) is 1.36 or newer, where DRAExtendedResource is served.
+Older API servers drop the field, leaving a class no pod reaches by a
+resource name.
+*/}}
+{{- define "dra-driver-lib.extendedResourceEnabled" -}}
+{{- $enabled := .spec.enabled -}}
+{{- if eq (toString $enabled) "auto" -}}
+{{- $enabled = semverCompare ">=1.36.0-0" .top.Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{- ternary "true" "" (eq (toString $enabled) "true") -}}
+{{- end -}}
+
+{{/*
+A DeviceClass that serves a classic device plugin's extended resource
+(`resource`, e.g. vpc.amazonaws.com/efa) from this driver's devices that
+match `attributes`. Renders nothing when disabled; a leading "---"
+otherwise, so calls can follow each other.
+*/}}
+{{- define "dra-driver-lib.extendedResourceClass" -}}
+{{- if include "dra-driver-lib.extendedResourceEnabled" . }}
+---
+{{ include "dra-driver-lib.deviceClass" (dict "top" .top "class" (dict "name" .spec.name "attributes" .attributes "extendedResourceName" .resource)) }}
+{{- end -}}
 {{- end -}}

@@ -112,8 +112,15 @@ impl CheckpointStore {
     }
 
     /// The current checkpoint; empty when there is none, when it is from an
-    /// earlier boot, or when it was corrupt (then moved aside).
+    /// earlier boot, or when it was corrupt (then moved aside). Sets the
+    /// prepared gauges from it.
     pub fn load(&self) -> Result<Checkpoint, CheckpointError> {
+        let checkpoint = self.read_current()?;
+        self.metrics.prepared(&checkpoint);
+        Ok(checkpoint)
+    }
+
+    fn read_current(&self) -> Result<Checkpoint, CheckpointError> {
         let boot_id = self.boot_id();
         let empty = Checkpoint {
             version: CHECKPOINT_VERSION,
@@ -206,7 +213,9 @@ impl CheckpointStore {
                 path: self.path.clone(),
                 source,
             }
-        })
+        })?;
+        self.metrics.prepared(checkpoint);
+        Ok(())
     }
 }
 
@@ -250,6 +259,45 @@ mod tests {
             .insert("uid".into(), sample(dir.path().join("spec.json")));
         s.save(&c).unwrap();
         assert_eq!(s.load().unwrap(), c);
+    }
+
+    /// The prepared gauges follow every save, and a fresh store (a driver
+    /// restart) reads them back from the file; a reboot zeroes them.
+    #[test]
+    fn prepared_gauges_follow_the_checkpoint() {
+        let gauges = |registry: &prometheus::Registry| {
+            let text = crate::metrics::tests::render(registry);
+            let value = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                    .and_then(|v| v.parse::<i64>().ok())
+            };
+            (value("dra_prepared_claims"), value("dra_prepared_devices"))
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (s, registry) = store(dir.path(), "boot-a");
+        let mut c = s.load().unwrap();
+        assert_eq!(gauges(&registry), (Some(0), Some(0)));
+        let mut two = sample(dir.path().join("cdi/a.json"));
+        two.devices.push(two.devices[0].clone());
+        two.devices[1].device = "dev-1".into();
+        c.claims.insert("a".into(), two);
+        c.claims
+            .insert("b".into(), sample(dir.path().join("cdi/b.json")));
+        s.save(&c).unwrap();
+        assert_eq!(gauges(&registry), (Some(2), Some(3)));
+        c.claims.remove("a");
+        s.save(&c).unwrap();
+        assert_eq!(gauges(&registry), (Some(1), Some(1)));
+
+        let (restarted, registry) = store(dir.path(), "boot-a");
+        assert_eq!(gauges(&registry), (Some(0), Some(0)));
+        restarted.load().unwrap();
+        assert_eq!(gauges(&registry), (Some(1), Some(1)));
+
+        let (rebooted, registry) = store(dir.path(), "boot-b");
+        rebooted.load().unwrap();
+        assert_eq!(gauges(&registry), (Some(0), Some(0)));
     }
 
     #[test]

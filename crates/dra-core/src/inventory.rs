@@ -17,7 +17,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::Registry;
 
 use crate::driver::Driver;
@@ -110,6 +110,29 @@ pub struct HostPaths {
     pub dev_root: PathBuf,
 }
 
+/// What the API server accepts, as far as an inventory cares. `run` probes
+/// it before the first scan when the inventory asks
+/// ([`DeviceInventory::wants_api_probe`]); `discover` has no API server and
+/// passes [`ApiSupport::unknown`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiSupport {
+    /// Partitionable devices (`sharedCounters` / `consumesCounters`):
+    /// `None` when not probed.
+    pub partitionable_devices: Option<bool>,
+    /// Why, in words, for the driver's log line.
+    pub reason: String,
+}
+
+impl ApiSupport {
+    /// Not probed (no API server, as in `discover`).
+    pub fn unknown() -> Self {
+        ApiSupport {
+            partitionable_devices: None,
+            reason: "no API server was asked".into(),
+        }
+    }
+}
+
 /// A driver's hardware: how to scan it, what makes it change, and the
 /// [`Driver`] that prepares its devices.
 pub trait DeviceInventory: Sized + Send + 'static {
@@ -140,6 +163,23 @@ pub trait DeviceInventory: Sized + Send + 'static {
     /// The driver, sharing whatever state the scan keeps current. Called
     /// once, after the first successful scan.
     fn driver(&self) -> Self::Driver;
+
+    /// Whether `run` should ask the API server what it supports
+    /// ([`ApiSupport`]) before the first scan. Default: no.
+    fn wants_api_probe(_flags: &Self::Flags) -> bool {
+        false
+    }
+
+    /// What the API server supports; called once, before the first scan
+    /// (with [`ApiSupport::unknown`] when nothing was probed).
+    fn set_api_support(&mut self, _support: &ApiSupport) {}
+
+    /// The counter sets the devices of the last scan consume (partitionable
+    /// devices); published in slices of their own in the same pool, in the
+    /// same update as the devices. Default: none.
+    fn counter_sets(&self) -> Vec<CounterSet> {
+        Vec::new()
+    }
 }
 
 #[cfg(test)]

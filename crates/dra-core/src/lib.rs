@@ -16,6 +16,7 @@
 //! one [`rescan`] loop, and [`runtime::run`], which starts the plugin, the
 //! publisher and the ops server).
 
+pub mod api_probe;
 mod atomic;
 pub mod attributes;
 pub mod authority;
@@ -52,7 +53,7 @@ pub use driver::{
 };
 pub use health::{DeviceHealthStatus, HealthState};
 pub use inventory::{
-    DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
+    ApiSupport, DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
 };
 pub use metrics::PluginMetrics;
 pub use plugin::{KubeletPlugin, PluginError, PluginOptions, PluginSockets, RunningPlugin};

@@ -20,6 +20,11 @@ pub struct PluginMetrics {
     registration_failures: IntCounter,
     /// Checkpoint problems, by `reason` (`corrupt`, `write`).
     checkpoint_errors: IntCounterVec,
+    /// `dra_prepared_claims`: claims in the checkpoint (prepared on this node).
+    prepared_claims: IntGauge,
+    /// `dra_prepared_devices`: devices of those claims (one per allocation
+    /// result; a device an admin-access claim shares counts once per claim).
+    prepared_devices: IntGauge,
 }
 
 impl PluginMetrics {
@@ -64,12 +69,22 @@ impl PluginMetrics {
             ),
             &["reason"],
         )?;
+        let prepared_claims = IntGauge::new(
+            "dra_prepared_claims",
+            "Claims prepared on this node, as the checkpoint records them.",
+        )?;
+        let prepared_devices = IntGauge::new(
+            "dra_prepared_devices",
+            "Devices of the claims prepared on this node, as the checkpoint records them.",
+        )?;
         registry.register(Box::new(claims.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
         registry.register(Box::new(registered.clone()))?;
         registry.register(Box::new(registration_failures.clone()))?;
         registry.register(Box::new(checkpoint_errors.clone()))?;
+        registry.register(Box::new(prepared_claims.clone()))?;
+        registry.register(Box::new(prepared_devices.clone()))?;
         Ok(Self {
             claims,
             duration,
@@ -77,6 +92,8 @@ impl PluginMetrics {
             registered,
             registration_failures,
             checkpoint_errors,
+            prepared_claims,
+            prepared_devices,
         })
     }
 
@@ -103,6 +120,15 @@ impl PluginMetrics {
 
     pub(crate) fn checkpoint_error(&self, reason: &str) {
         self.checkpoint_errors.with_label_values(&[reason]).inc();
+    }
+
+    /// The prepared gauges, from a checkpoint as read or written.
+    pub(crate) fn prepared(&self, checkpoint: &crate::checkpoint::Checkpoint) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.prepared_claims.set(count(checkpoint.claims.len()));
+        self.prepared_devices.set(count(
+            checkpoint.claims.values().map(|c| c.devices.len()).sum(),
+        ));
     }
 }
 
@@ -146,5 +172,8 @@ pub(crate) mod tests {
         assert!(text.contains("dra_plugin_requests_in_flight{operation=\"prepare\"} 0"));
         assert!(text.contains("dra_plugin_registration_failures_total 1"));
         assert!(text.contains("dra_plugin_registered 0"));
+        // Exported from the start, 0 before any checkpoint was read.
+        assert!(text.contains("dra_prepared_claims 0"));
+        assert!(text.contains("dra_prepared_devices 0"));
     }
 }

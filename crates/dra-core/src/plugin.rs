@@ -225,6 +225,11 @@ impl<D: Driver> KubeletPlugin<D> {
             lock: DataDirLock::new(&sockets.data_dir),
             metrics: self.metrics.clone(),
         });
+        // The prepared gauges, from what an earlier run left prepared (a
+        // failure here shows again, and is handled, at the first call).
+        if let Err(e) = pipeline.checkpoint.load() {
+            tracing::warn!(error = %e, "cannot read the checkpoint at start");
+        }
 
         let mut versions = vec!["v1.DRAPlugin".to_string(), "v1beta1.DRAPlugin".to_string()];
         let mut plugin_router = tonic::transport::Server::builder()

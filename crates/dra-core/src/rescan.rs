@@ -28,12 +28,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::resource::v1::Device;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::{mpsc, watch};
 
 use crate::health::{DeviceHealthStatus, HealthState};
 use crate::inventory::{DeviceInventory, ScannedDevice, Severity};
+use crate::publish::PoolContent;
 use crate::taints::{TaintBook, Transition};
 use crate::uevent::{UeventSocket, forward_uevents};
 
@@ -160,7 +160,7 @@ pub enum RescanError<E: std::error::Error + 'static> {
 /// The receiving ends: what the publisher and the health stream read.
 #[derive(Debug, Clone)]
 pub struct DeviceFeeds {
-    pub devices: watch::Receiver<Vec<Device>>,
+    pub devices: watch::Receiver<PoolContent>,
     pub health: watch::Receiver<Vec<DeviceHealthStatus>>,
 }
 
@@ -168,7 +168,7 @@ pub struct DeviceFeeds {
 pub struct Rescanner<I> {
     inventory: Arc<Mutex<I>>,
     pool: String,
-    devices: watch::Sender<Vec<Device>>,
+    devices: watch::Sender<PoolContent>,
     health: watch::Sender<Vec<DeviceHealthStatus>>,
     health_timeout: Option<Duration>,
     metrics: Option<RescanMetrics>,
@@ -202,12 +202,15 @@ fn state_label(health: &crate::inventory::DeviceHealth) -> &'static str {
 pub fn scan_with_taints<I: DeviceInventory>(
     inventory: &mut I,
     driver: &str,
-) -> Result<Vec<Device>, I::Error> {
+) -> Result<PoolContent, I::Error> {
     let mut scanned = inventory.scan()?;
     let transitions =
         TaintBook::new(driver).apply(&mut scanned, k8s_openapi::jiff::Timestamp::now());
     transitions.iter().for_each(Transition::log);
-    Ok(scanned.into_iter().map(|s| s.device).collect())
+    Ok(PoolContent {
+        devices: scanned.into_iter().map(|s| s.device).collect(),
+        counter_sets: inventory.counter_sets(),
+    })
 }
 
 impl<I: DeviceInventory> Rescanner<I> {
@@ -219,7 +222,7 @@ impl<I: DeviceInventory> Rescanner<I> {
         health_timeout: Option<Duration>,
         metrics: Option<RescanMetrics>,
     ) -> (Self, DeviceFeeds) {
-        let (devices, devices_rx) = watch::channel(Vec::new());
+        let (devices, devices_rx) = watch::channel(PoolContent::default());
         let (health, health_rx) = watch::channel(Vec::new());
         let rescanner = Rescanner {
             inventory: Arc::new(Mutex::new(inventory)),
@@ -254,8 +257,9 @@ impl<I: DeviceInventory> Rescanner<I> {
     pub async fn rescan(&self, trigger: Trigger) -> Result<bool, RescanError<I::Error>> {
         let started = Instant::now();
         let inventory = self.inventory.clone();
-        let mut scanned = tokio::task::spawn_blocking(move || {
-            inventory.lock().unwrap_or_else(|e| e.into_inner()).scan()
+        let (mut scanned, counter_sets) = tokio::task::spawn_blocking(move || {
+            let mut inventory = inventory.lock().unwrap_or_else(|e| e.into_inner());
+            inventory.scan().map(|s| (s, inventory.counter_sets()))
         })
         .await?
         .map_err(RescanError::Scan)?;
@@ -265,6 +269,11 @@ impl<I: DeviceInventory> Rescanner<I> {
             m.devices
                 .set(i64::try_from(scanned.len()).unwrap_or(i64::MAX));
             m.devices_by_health.reset();
+            // Every state is exported, 0 included, so a dashboard can plot
+            // unhealthy devices before the first one breaks.
+            for state in ["healthy", "degraded", "unhealthy"] {
+                m.devices_by_health.with_label_values(&[state]).set(0);
+            }
             for s in &scanned {
                 m.devices_by_health
                     .with_label_values(&[state_label(&s.health)])
@@ -285,18 +294,22 @@ impl<I: DeviceInventory> Rescanner<I> {
             }
         }
         self.health.send_replace(self.health_statuses(&scanned));
-        let devices: Vec<Device> = scanned.into_iter().map(|s| s.device).collect();
+        let content = PoolContent {
+            devices: scanned.into_iter().map(|s| s.device).collect(),
+            counter_sets,
+        };
         let changed = self.devices.send_if_modified(|current| {
-            if *current == devices {
+            if *current == content {
                 return false;
             }
             tracing::info!(
-                before = current.len(),
-                after = devices.len(),
+                before = current.devices.len(),
+                after = content.devices.len(),
+                counter_sets = content.counter_sets.len(),
                 trigger = trigger.label(),
                 "device set changed"
             );
-            *current = devices;
+            *current = content;
             true
         });
         Ok(changed)
@@ -374,6 +387,7 @@ mod tests {
     use super::*;
     use crate::health::HealthState;
     use crate::inventory::{DeviceHealth, HealthCondition, HostPaths};
+    use k8s_openapi::api::resource::v1::Device;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A fake inventory: the test sets what the next scan finds, or that it
@@ -459,7 +473,7 @@ mod tests {
         }
     }
 
-    fn names(rx: &watch::Receiver<Vec<Device>>) -> Vec<String> {
+    fn names(rx: &watch::Receiver<PoolContent>) -> Vec<String> {
         rx.borrow().iter().map(|d| d.name.clone()).collect()
     }
 

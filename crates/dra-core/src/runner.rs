@@ -28,8 +28,9 @@ use crate::cli::{
     DiscoverCommand, DriverCli, DriverCommand, LoggingError, RenderError, RunCommand, init_logging,
     render_list,
 };
+use crate::inventory::ApiSupport;
 use crate::inventory::DeviceInventory;
-use crate::publish::desired_slices;
+use crate::publish::desired_slices_with_counters;
 use crate::rescan::{
     PoolId, RescanError, RescanMetrics, Rescanner, Trigger, forward_kernel_uevents,
     scan_with_taints,
@@ -126,9 +127,16 @@ fn discover<I: DeviceInventory>(
     init_logging(common.log_format, common.log_filter())?;
     let mut inventory =
         I::open(&common.host_paths(), &cmd.extra, &Registry::new()).map_err(RunnerError::Open)?;
-    let devices = scan_with_taints(&mut inventory, &common.driver_name)
+    inventory.set_api_support(&ApiSupport::unknown());
+    let pool = scan_with_taints(&mut inventory, &common.driver_name)
         .map_err(|e| RunnerError::FirstScan(RescanError::Scan(e)))?;
-    let slices = desired_slices(&common.driver_name, &common.node_name, None, &devices);
+    let slices = desired_slices_with_counters(
+        &common.driver_name,
+        &common.node_name,
+        None,
+        &pool.devices,
+        &pool.counter_sets,
+    );
     print!("{}", render_list(&slices, cmd.discover.output)?);
     Ok(())
 }
@@ -139,8 +147,14 @@ async fn serve<I: DeviceInventory>(
 ) -> Result<(), RunnerError<I::Error>> {
     let registry = Registry::new();
     let metrics = RescanMetrics::register(&registry, &program.metrics_prefix())?;
-    let inventory =
+    let mut inventory =
         I::open(&cmd.common.host_paths(), &cmd.extra, &registry).map_err(RunnerError::Open)?;
+    let support = if I::wants_api_probe(&cmd.extra) {
+        probe_api(&cmd).await
+    } else {
+        ApiSupport::unknown()
+    };
+    inventory.set_api_support(&support);
     let rescan = cmd.rescan_config();
     let (rescanner, feeds) = Rescanner::new(
         inventory,
@@ -169,4 +183,26 @@ async fn serve<I: DeviceInventory>(
     let options = cmd.runtime_options(program.device_plugin_resources, registry);
     run(driver, feeds, options).await?;
     Ok(())
+}
+
+/// Asks the API server what it supports. A failure to ask is an answer too
+/// ("unknown"): the inventory then keeps to what every server accepts.
+async fn probe_api<F>(cmd: &RunCommand<F>) -> ApiSupport
+where
+    F: clap::Args + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    match crate::cli::kube_client(cmd.run.kubeconfig.as_deref()).await {
+        Ok(client) => {
+            crate::api_probe::probe_partitionable_devices(
+                &client,
+                &cmd.common.driver_name,
+                &cmd.common.node_name,
+            )
+            .await
+        }
+        Err(error) => ApiSupport {
+            partitionable_devices: None,
+            reason: format!("no API client to ask with: {error}"),
+        },
+    }
 }

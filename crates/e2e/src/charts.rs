@@ -141,6 +141,19 @@ impl Helm {
     /// As [`Self::render`], with values files relative to the chart's
     /// directory (e.g. `ci/nondefault-values.yaml`).
     pub fn render_with_values(&self, chart: Chart, values: &[&str]) -> Result<Vec<Value>> {
+        self.render_for(chart, values, None)
+    }
+
+    /// As [`Self::render_with_values`], for a cluster of `kube_version`
+    /// (`v1.37.2`: what `.Capabilities.KubeVersion` says, so version-gated
+    /// defaults such as the extended-resource DeviceClasses follow the
+    /// cluster as they do on `helm install`).
+    pub fn render_for(
+        &self,
+        chart: Chart,
+        values: &[&str],
+        kube_version: Option<&str>,
+    ) -> Result<Vec<Value>> {
         let dir = repo_root().join("charts").join(chart.name);
         let dir_str = dir.to_str().ok_or_else(|| Error::Manifest {
             what: dir.display().to_string(),
@@ -155,9 +168,34 @@ impl Helm {
         for file in &files {
             args.extend(["-f", file.as_str()]);
         }
+        if let Some(v) = kube_version {
+            args.extend(["--kube-version", v]);
+        }
         let yaml = self.run(&args)?;
         manifests::parse(&format!("helm template {} {values:?}", chart.name), &yaml)
     }
+}
+
+/// What both charts render for the cluster `client` reaches (its version
+/// decides the version-gated defaults), without the kinds the suite skips.
+pub async fn cluster_objects(helm: &Helm, client: &kube::Client) -> Result<Vec<Value>> {
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(|source| Error::Kube {
+            action: "reading the API server version".into(),
+            source,
+        })?
+        .git_version;
+    let mut objects = Vec::new();
+    for chart in [EFA_CHART, NEURON_CHART] {
+        objects.extend(applied_objects(&helm.render_for(
+            chart,
+            &[],
+            Some(&version),
+        )?));
+    }
+    Ok(objects)
 }
 
 /// The objects of a rendered chart the suite applies.

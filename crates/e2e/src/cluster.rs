@@ -39,13 +39,13 @@ use crate::toolchain::{Binaries, repo_root};
 /// Mutable state shared with the Ctrl-C hook; teardown empties it.
 pub(crate) struct Processes {
     /// Control-plane processes in start order (torn down in reverse).
-    control_plane: Vec<ManagedProcess>,
+    pub(crate) control_plane: Vec<ManagedProcess>,
     /// Per node: runtime and kubelet.
     nodes: Vec<NodeProcesses>,
     /// Host processes started for a node (drivers, publishers), by node.
     host: Vec<ManagedProcess>,
     /// Every pid we started, to prove none is left.
-    started_pids: BTreeSet<i32>,
+    pub(crate) started_pids: BTreeSet<i32>,
     torn_down: bool,
 }
 

@@ -50,6 +50,10 @@ pub struct ClusterConfig {
     pub start_timeout: Duration,
     /// Leave the state dir (kubelet roots, containerd state) on teardown.
     pub keep_state_dir: bool,
+    /// Write the API server's audit log (`<run_dir>/audit.log`, metadata of
+    /// every request not made by the control plane or a kubelet): what
+    /// `cargo xtask bench` counts requests per client from.
+    pub audit_log: bool,
 }
 
 impl ClusterConfig {
@@ -62,6 +66,7 @@ impl ClusterConfig {
             kubernetes_version: selected_kubernetes_version(),
             start_timeout: Duration::from_secs(120),
             keep_state_dir: false,
+            audit_log: false,
         }
     }
 }

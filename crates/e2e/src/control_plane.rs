@@ -125,6 +125,9 @@ impl LocalCluster {
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false")
             .args(release.control_plane_flags(true));
+        if config.audit_log {
+            apiserver.args(audit_flags(&run_dir)?);
+        }
         self.spawn_control_plane("kube-apiserver", apiserver)?;
 
         let admin = self
@@ -239,6 +242,34 @@ impl LocalCluster {
         }
         Ok(())
     }
+}
+
+/// Metadata of every request but the control plane's and the kubelets'
+/// (they would drown what is measured), logged in batches so that the log
+/// adds no latency to a request.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: None
+  users: ["system:kube-scheduler", "system:kube-controller-manager", "system:apiserver"]
+- level: None
+  userGroups: ["system:nodes", "system:serviceaccounts:kube-system"]
+- level: Metadata
+"#;
+
+/// The API server flags of the audit log at `<run_dir>/audit.log`.
+fn audit_flags(run_dir: &std::path::Path) -> Result<Vec<String>> {
+    let policy = run_dir.join("audit-policy.yaml");
+    std::fs::write(&policy, AUDIT_POLICY).map_err(crate::error::io("writing", &policy))?;
+    Ok(vec![
+        format!("--audit-policy-file={}", policy.display()),
+        format!("--audit-log-path={}", run_dir.join("audit.log").display()),
+        "--audit-log-format=json".into(),
+        "--audit-log-mode=batch".into(),
+        "--audit-log-batch-max-wait=1s".into(),
+        "--audit-log-maxsize=0".into(),
+    ])
 }
 
 fn http_request(path: &str) -> http::Request<Vec<u8>> {

@@ -16,11 +16,13 @@
 //! mounts); pods should use `hostNetwork: true` (no CNI network is set up) and
 //! `imagePullPolicy: Never` with [`PAUSE_IMAGE`]/[`PROBE_IMAGE`] (no registry).
 
+pub mod bench;
 mod cgroups;
 pub mod chart_testbed;
 pub mod charts;
 pub mod cluster;
 pub mod cluster_config;
+mod cluster_restart;
 mod control_plane;
 pub mod error;
 pub mod go_build;

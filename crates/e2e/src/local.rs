@@ -92,6 +92,7 @@ impl LocalTestbed {
         let mut config = ClusterConfig::with_nodes(&[]);
         config.kubernetes_version = options.kubernetes_version.clone();
         config.keep_state_dir = options.keep_state_dir;
+        config.audit_log = options.audit_log;
         config.nodes = options
             .nodes
             .iter()
@@ -134,10 +135,7 @@ impl LocalTestbed {
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(kube_err("creating namespace aws-dra")(e)),
         }
-        let mut objects = Vec::new();
-        for chart in [charts::EFA_CHART, charts::NEURON_CHART] {
-            objects.extend(charts::applied_objects(&helm.render(chart)?));
-        }
+        let mut objects = charts::cluster_objects(helm, &self.client).await?;
         objects.extend(manifests::parse("gpu-test-driver.yaml", GPU_TEST_MANIFEST)?);
         for obj in &objects {
             manifests::apply(&self.client, obj, None).await?;
@@ -201,13 +199,27 @@ impl LocalTestbed {
     /// kubeconfig with a token bound to it.
     async fn bound_token_kubeconfig(&self, node: &str, kind: DriverKind) -> Result<PathBuf> {
         let (namespace, sa) = kind.service_account();
-        let pod_name = format!("{}-{node}", kind.binary());
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+        self.bound_token_kubeconfig_as(node, &namespace, &sa, kind.binary())
+            .await
+    }
+
+    /// Like the drivers' credentials, for any ServiceAccount: a placeholder
+    /// pod `<binary>-<node>` pinned to `node`, and a kubeconfig
+    /// (`<run_dir>/<binary>-<node>.kubeconfig`) with a token bound to it.
+    pub async fn bound_token_kubeconfig_as(
+        &self,
+        node: &str,
+        namespace: &str,
+        sa: &str,
+        binary: &str,
+    ) -> Result<PathBuf> {
+        let pod_name = format!("{binary}-{node}");
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let pod: Pod = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {
                 "name": pod_name,
-                "labels": {"aws-dra.dev/e2e": "driver-identity", "aws-dra.dev/driver": kind.binary()},
+                "labels": {"aws-dra.dev/e2e": "driver-identity", "aws-dra.dev/driver": binary},
             },
             "spec": {
                 // Pinned like a DaemonSet pod: the token's node-name extra
@@ -250,9 +262,9 @@ impl LocalTestbed {
             source,
         })?;
         let body = request;
-        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), &namespace);
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
         let issued: TokenRequest = sas
-            .create_subresource("token", &sa, &PostParams::default(), &body)
+            .create_subresource("token", sa, &PostParams::default(), &body)
             .await
             .map_err(kube_err(format!("requesting a token for {namespace}/{sa}")))?;
         let token = issued
@@ -261,10 +273,36 @@ impl LocalTestbed {
             .ok_or_else(|| Error::Testbed(format!("token request for {sa} has no status")))?;
         let cluster = self.cluster.lock().await;
         cluster.kubeconfig_for_token(
-            &format!("{}-{node}", kind.binary()),
+            &format!("{binary}-{node}"),
             &format!("system:serviceaccount:{namespace}:{sa}"),
             &token,
         )
+    }
+
+    /// Starts another host process on `node` (see
+    /// [`LocalCluster::spawn_host_process`]): what `cargo xtask bench` runs
+    /// its reference driver with.
+    pub async fn spawn_on_node(
+        &self,
+        node: &str,
+        name: &str,
+        command: Command,
+    ) -> Result<HostProcess> {
+        self.cluster
+            .lock()
+            .await
+            .spawn_host_process(node, name, command)
+    }
+
+    /// The cluster's view of `node` (its kubelet dirs, CDI dir).
+    pub async fn local_node(&self, node: &str) -> Option<crate::LocalNode> {
+        self.cluster.lock().await.node(node).cloned()
+    }
+
+    /// The process id of a running driver.
+    pub fn driver_pid(&self, node: &str, kind: DriverKind) -> Option<i32> {
+        self.with_slot(node, kind, |_, s| s.process.as_ref().map(HostProcess::pid))
+            .ok()?
     }
 
     fn lock_nodes(&self) -> Result<std::sync::MutexGuard<'_, Vec<NodeState>>> {

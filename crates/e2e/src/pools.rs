@@ -20,12 +20,31 @@ pub async fn wait_pool_complete(
     kind: DriverKind,
     expected: usize,
     timeout: Duration,
+    check: impl FnMut() -> Result<()>,
+) -> Result<bool> {
+    wait_pool_complete_named(
+        client,
+        node_name,
+        kind.driver_name(),
+        expected,
+        timeout,
+        check,
+    )
+    .await
+}
+
+/// [`wait_pool_complete`] for any driver name (the benchmark's reference driver).
+pub async fn wait_pool_complete_named(
+    client: &kube::Client,
+    node_name: &str,
+    driver_name: &str,
+    expected: usize,
+    timeout: Duration,
     mut check: impl FnMut() -> Result<()>,
 ) -> Result<bool> {
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let lp = ListParams::default().fields(&format!(
-        "spec.nodeName={node_name},spec.driver={}",
-        kind.driver_name()
+        "spec.nodeName={node_name},spec.driver={driver_name}"
     ));
     let started = Instant::now();
     loop {

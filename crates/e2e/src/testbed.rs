@@ -73,14 +73,31 @@ impl DriverKind {
         }
     }
 
-    /// How many devices the driver publishes for `fixture`.
+    /// How many devices the driver publishes for `fixture` on the
+    /// selected Kubernetes release: the Neuron driver adds one device per
+    /// NeuronCore where the release serves partitionable devices
+    /// ([`cores_published`]).
     pub fn expected_devices(self, fixture: &Fixture) -> usize {
         match self {
             DriverKind::Efa => fixture.efas.len(),
+            DriverKind::Neuron if cores_published() => fixture
+                .neuron_chips
+                .iter()
+                .map(|c| 1 + c.core_count as usize)
+                .sum(),
             DriverKind::Neuron => fixture.neuron_chips.len(),
             DriverKind::GpuTest => fixture.gpus.len(),
         }
     }
+}
+
+/// Whether the Neuron driver publishes NeuronCores as partitions on the
+/// selected release (`--partitions auto`, the default on every testbed:
+/// cores where the API server serves partitionable devices).
+pub fn cores_published() -> bool {
+    crate::cluster_config::selected_kubernetes_version()
+        .release()
+        .is_ok_and(|r| r.has(crate::versions::DraFeature::PartitionableDevices))
 }
 
 /// The drivers' periodic rescan interval on every testbed
@@ -108,6 +125,8 @@ pub struct LocalOptions {
     pub bin_dir: Option<PathBuf>,
     /// The Kubernetes release to run (default: `AWS_DRA_K8S_VERSION`, else the main release).
     pub kubernetes_version: KubernetesVersion,
+    /// The API server writes an audit log ([`crate::ClusterConfig::audit_log`]).
+    pub audit_log: bool,
 }
 
 impl Default for LocalOptions {
@@ -129,6 +148,7 @@ impl Default for LocalOptions {
             keep_state_dir: false,
             bin_dir: None,
             kubernetes_version: selected_kubernetes_version(),
+            audit_log: false,
         }
     }
 }

@@ -30,7 +30,7 @@ fn name(f: &Fixture, i: usize) -> String {
 
 /// The devices tainted `device-lost`, with the taint's value, sorted by
 /// value then name.
-fn lost(rx: &watch::Receiver<Vec<Device>>) -> Vec<(String, String)> {
+fn lost(rx: &watch::Receiver<dra_core::publish::PoolContent>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = rx
         .borrow()
         .iter()
@@ -48,7 +48,7 @@ fn lost(rx: &watch::Receiver<Vec<Device>>) -> Vec<(String, String)> {
     out
 }
 
-async fn next(rx: &mut watch::Receiver<Vec<Device>>) -> Vec<String> {
+async fn next(rx: &mut watch::Receiver<dra_core::publish::PoolContent>) -> Vec<String> {
     tokio::time::timeout(Duration::from_secs(10), rx.changed())
         .await
         .expect("watcher reported the change in time")

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+    DeviceClass, DeviceTaint, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use serde_json::Value;
 
@@ -23,8 +23,54 @@ pub struct Inventory {
     pub templates: Vec<ResourceClaimTemplate>,
     pub pods: Vec<Pod>,
     pub nodes: Vec<Node>,
+    /// DeviceTaintRules: taints an administrator puts on devices without
+    /// touching their slices.
+    pub taint_rules: Vec<TaintRule>,
     /// Objects of kinds we do not use.
     pub ignored: usize,
+}
+
+/// What the scheduler takes from a `DeviceTaintRule`: which devices
+/// (driver, pool, device; an unset field matches every value) and the taint.
+/// Read from any `resource.k8s.io` version (GA `v1` in 1.37, `v1beta2`,
+/// `v1alpha3`): the fields used here are the same in all of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaintRule {
+    pub name: String,
+    pub driver: Option<String>,
+    pub pool: Option<String>,
+    pub device: Option<String>,
+    pub taint: DeviceTaint,
+}
+
+impl TaintRule {
+    /// `None` when the object has no usable taint.
+    pub fn from_value(value: &Value) -> Option<TaintRule> {
+        let spec = value.get("spec")?;
+        let field = |name: &str| {
+            spec.pointer(&format!("/deviceSelector/{name}"))
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        Some(TaintRule {
+            name: value
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            driver: field("driver"),
+            pool: field("pool"),
+            device: field("device"),
+            taint: serde_json::from_value(spec.get("taint")?.clone()).ok()?,
+        })
+    }
+
+    pub fn selects(&self, driver: &str, pool: &str, device: &str) -> bool {
+        self.driver.as_deref().is_none_or(|d| d == driver)
+            && self.pool.as_deref().is_none_or(|p| p == pool)
+            && self.device.as_deref().is_none_or(|d| d == device)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +200,10 @@ impl Inventory {
             "Node" => self
                 .nodes
                 .push(serde_json::from_value(value).map_err(schema)?),
+            "DeviceTaintRule" => match TaintRule::from_value(&value) {
+                Some(rule) => self.taint_rules.push(rule),
+                None => self.ignored += 1,
+            },
             _ => self.ignored += 1,
         }
         Ok(())
@@ -227,5 +277,22 @@ mod tests {
             .err()
             .map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("\"bad\"")));
+    }
+
+    #[test]
+    fn reads_device_taint_rules_of_any_version() {
+        let mut inv = Inventory::default();
+        let rule = "apiVersion: resource.k8s.io/v1\nkind: DeviceTaintRule\nmetadata: {name: maint}\nspec:\n  deviceSelector: {driver: efa.networking.k8s.aws, pool: p5, device: efa-0}\n  taint: {key: example.com/maintenance, value: x, effect: NoSchedule}\n---\napiVersion: resource.k8s.io/v1alpha3\nkind: DeviceTaintRule\nmetadata: {name: all-efa}\nspec:\n  deviceSelector: {driver: efa.networking.k8s.aws}\n  taint: {key: k, effect: NoExecute}\n";
+        inv.add_text(Path::new("r.yaml"), rule)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(inv.taint_rules.len(), 2);
+        let maint = &inv.taint_rules[0];
+        assert_eq!(maint.name, "maint");
+        assert_eq!(maint.taint.key, "example.com/maintenance");
+        assert!(maint.selects("efa.networking.k8s.aws", "p5", "efa-0"));
+        assert!(!maint.selects("efa.networking.k8s.aws", "p5", "efa-1"));
+        assert!(!maint.selects("efa.networking.k8s.aws", "trn2", "efa-0"));
+        assert!(inv.taint_rules[1].selects("efa.networking.k8s.aws", "trn2", "efa-9"));
+        assert!(!inv.taint_rules[1].selects("neuron.aws.com", "trn2", "efa-9"));
     }
 }

@@ -8,11 +8,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use kube::api::ListParams;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, TaintRule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OnlineError {
@@ -71,6 +71,35 @@ where
         .map_err(|source| OnlineError::List { what, source })
 }
 
+/// The DeviceTaintRules, from the newest `resource.k8s.io` version the
+/// server serves (`v1` from 1.37, `v1beta2` in 1.36, `v1alpha3` before).
+/// None served (the feature is off), or not allowed to list them: none.
+async fn taint_rules(client: &Client) -> Result<Vec<TaintRule>, OnlineError> {
+    for version in ["v1", "v1beta2", "v1alpha3"] {
+        let gvk = GroupVersionKind::gvk("resource.k8s.io", version, "DeviceTaintRule");
+        let resource = ApiResource::from_gvk_with_plural(&gvk, "devicetaintrules");
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        match api.list(&ListParams::default()).await {
+            Ok(list) => {
+                return Ok(list
+                    .items
+                    .iter()
+                    .filter_map(|o| serde_json::to_value(o).ok())
+                    .filter_map(|v| TaintRule::from_value(&v))
+                    .collect());
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 403 => continue,
+            Err(source) => {
+                return Err(OnlineError::List {
+                    what: "DeviceTaintRules",
+                    source,
+                });
+            }
+        }
+    }
+    Ok(Vec::new())
+}
+
 /// Everything cluster-wide that allocation depends on, plus the namespace's
 /// templates and, when asked, one pod.
 pub async fn fetch(
@@ -92,6 +121,7 @@ pub async fn fetch(
             "ResourceClaimTemplates",
         )
         .await?,
+        taint_rules: taint_rules(client).await?,
         ..Default::default()
     };
     if let Some(name) = pod {

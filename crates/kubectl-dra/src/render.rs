@@ -84,6 +84,9 @@ pub fn explanation(e: &Explanation) -> String {
         }
     }
     let _ = writeln!(out, "Verdict: {}", e.verdict);
+    for p in &e.problems {
+        let _ = writeln!(out, "  No longer holds: {p}");
+    }
     for a in &e.advice {
         let _ = writeln!(out, "  To change: {a}");
     }

@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceClaim};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint, ResourceClaim};
 
 use crate::cel::{DeviceValue, Environment, Quantity, split_attribute_name};
 use crate::inventory::Inventory;
@@ -80,6 +80,8 @@ pub struct PublishedDevice<'a> {
     pub value: DeviceValue,
     /// Why the scheduler ignores the whole pool, if it does.
     pub pool_problem: Option<String>,
+    /// Taints from DeviceTaintRules that select it: (rule name, taint).
+    pub rule_taints: Vec<(String, DeviceTaint)>,
 }
 
 impl PublishedDevice<'_> {
@@ -196,6 +198,12 @@ impl<'a> World<'a> {
                     device,
                     value: DeviceValue::new(&spec.driver, device),
                     pool_problem: pool_problem.clone(),
+                    rule_taints: inventory
+                        .taint_rules
+                        .iter()
+                        .filter(|r| r.selects(&spec.driver, &spec.pool.name, &device.name))
+                        .map(|r| (r.name.clone(), r.taint.clone()))
+                        .collect(),
                 });
             }
         }

@@ -13,16 +13,15 @@
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use dra_core::cli::NoExtraArgs;
-use dra_core::{DeviceHealth, DeviceInventory, HostPaths, ScannedDevice};
-use k8s_openapi::api::resource::v1::Device;
+use dra_core::{ApiSupport, DeviceHealth, DeviceInventory, HostPaths, ScannedDevice};
+use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::Registry;
 use topology::SysfsRoot;
 
-use crate::attributes::devices;
 use crate::bdf::{BdfSource, NeuronIoctl};
 use crate::discovery::{BdfCache, DiscoveryError, discover};
 use crate::health;
+use crate::partitions::{self, NeuronFlags, PartitionMode, PartitionsFlag};
 use crate::prepare::{NeuronDriver, SharedInventory};
 
 /// Subsystems whose uevents can change the chip set.
@@ -35,6 +34,8 @@ pub struct NeuronInventory {
     bdf: Box<dyn BdfSource>,
     cache: BdfCache,
     shared: SharedInventory,
+    flag: PartitionsFlag,
+    mode: PartitionMode,
 }
 
 impl NeuronInventory {
@@ -46,7 +47,21 @@ impl NeuronInventory {
             bdf,
             cache: BdfCache::default(),
             shared: Arc::new(RwLock::new(Default::default())),
+            flag: PartitionsFlag::Chips,
+            mode: PartitionMode::Chips,
         }
+    }
+
+    /// Publishes cores as partitions of their chips, or not (what
+    /// `set_api_support` decides from `--partitions` in `run`).
+    pub fn with_mode(mut self, mode: PartitionMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// What is published.
+    pub fn mode(&self) -> PartitionMode {
+        self.mode
     }
 
     /// What the last successful scan found (what prepare works from).
@@ -55,19 +70,42 @@ impl NeuronInventory {
     }
 }
 
-/// The chip a device is on (its `deviceId` attribute).
+/// The chip a device is on (its `deviceId` attribute; a core device
+/// carries its chip's).
 fn chip_index(device: &Device) -> Option<i64> {
     device.attributes.as_ref()?.get("deviceId")?.int
 }
 
 impl DeviceInventory for NeuronInventory {
-    type Flags = NoExtraArgs;
+    type Flags = NeuronFlags;
     type Error = DiscoveryError;
     type Driver = NeuronDriver;
     const UEVENT_SUBSYSTEMS: &'static [&'static str] = RELEVANT_SUBSYSTEMS;
 
-    fn open(host: &HostPaths, _: &NoExtraArgs, _: &Registry) -> Result<Self, DiscoveryError> {
-        Ok(Self::new(host, Box::new(NeuronIoctl)))
+    fn open(host: &HostPaths, flags: &NeuronFlags, _: &Registry) -> Result<Self, DiscoveryError> {
+        let mut inventory = Self::new(host, Box::new(NeuronIoctl));
+        inventory.flag = flags.partitions;
+        Ok(inventory)
+    }
+
+    fn wants_api_probe(flags: &NeuronFlags) -> bool {
+        flags.partitions != PartitionsFlag::Chips
+    }
+
+    /// Resolves `--partitions` and logs the mode and why, once.
+    fn set_api_support(&mut self, support: &ApiSupport) {
+        let (mode, reason) = partitions::resolve(self.flag, support);
+        self.mode = mode;
+        if mode == PartitionMode::Cores && support.partitionable_devices == Some(false) {
+            tracing::error!(mode = %mode, %reason, "publishing NeuronCores as partitions");
+        } else {
+            tracing::info!(mode = %mode, %reason, "partition mode");
+        }
+    }
+
+    fn counter_sets(&self) -> Vec<CounterSet> {
+        let inventory = self.shared.read().unwrap_or_else(|e| e.into_inner());
+        partitions::counter_sets(&inventory, self.mode)
     }
 
     /// Every device with the health of its chip ([`crate::health`]).
@@ -79,7 +117,7 @@ impl DeviceInventory for NeuronInventory {
             &mut self.cache,
         )?;
         let class = self.sysfs.class_dir("neuron_device");
-        let scanned = devices(&inventory)
+        let scanned = partitions::devices(&inventory, self.mode)
             .into_iter()
             .map(|device| {
                 let conditions = chip_index(&device)

@@ -7,6 +7,7 @@
 //! - [`attributes`]: inventory → DRA `Device`s;
 //! - [`config`]: the opaque `NeuronConfig`;
 //! - [`lnc`]: Logical NeuronCore rules and core numbering;
+//! - [`partitions`]: NeuronCores as partitions of their chip (`--partitions`);
 //! - [`prepare`]: [`prepare::NeuronDriver`], the `dra-core` driver;
 //! - [`inventory`]: the `dra-core` inventory (what a scan finds);
 //! - [`safety`]: the classic device plugin's resources.
@@ -18,6 +19,7 @@ pub mod discovery;
 pub mod health;
 pub mod inventory;
 pub mod lnc;
+pub mod partitions;
 pub mod prepare;
 pub mod safety;
 

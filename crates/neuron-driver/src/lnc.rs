@@ -94,6 +94,20 @@ pub fn effective_lnc(
     }
 }
 
+/// The effective LNC of a core device of `chip` (a single physical core):
+/// the configured value if the chip supports it, else 1. A physical core
+/// is an LNC=1 unit; LNC=2 fuses two of them, so it is only used when asked
+/// for (and then needs whole pairs, checked at prepare).
+pub fn effective_core_lnc(
+    chip: &NeuronChip,
+    config: Option<&NeuronConfig>,
+) -> Result<LogicalNeuronCore, LncError> {
+    match config.and_then(|c| c.logical_neuron_core) {
+        None => Ok(LogicalNeuronCore::One),
+        Some(_) => effective_lnc(chip, config),
+    }
+}
+
 /// Logical core indices of `chip` under `lnc`.
 pub fn logical_cores(chip: &NeuronChip, lnc: LogicalNeuronCore) -> std::ops::Range<u32> {
     let per_chip = (chip.core_count / lnc.get()).max(1);

@@ -1,15 +1,18 @@
 //! Not running next to the classic Neuron device plugin.
 //!
-//! The device plugin advertises whole chips as `aws.amazon.com/neuron` and
-//! cores as `aws.amazon.com/neuroncore`. With both on one node the same chip
+//! The device plugin advertises whole chips as `aws.amazon.com/neuron` (or
+//! `aws.amazon.com/neurondevice`) and cores as `aws.amazon.com/neuroncore`. With both on one node the same chip
 //! could be given to a device-plugin pod and to a DRA claim. The check itself
 //! is `dra-core`'s runtime (it reads the Node's `status.allocatable` at
 //! start-up and refuses unless `--allow-device-plugin-coexistence`); this
 //! module names the resources it looks for.
 
 /// Extended resources of the classic Neuron device plugin.
-pub const DEVICE_PLUGIN_RESOURCES: &[&str] =
-    &["aws.amazon.com/neuron", "aws.amazon.com/neuroncore"];
+pub const DEVICE_PLUGIN_RESOURCES: &[&str] = &[
+    "aws.amazon.com/neuron",
+    "aws.amazon.com/neurondevice",
+    "aws.amazon.com/neuroncore",
+];
 
 #[cfg(test)]
 mod tests {
@@ -46,6 +49,10 @@ mod tests {
         assert_eq!(
             present(&[("aws.amazon.com/neuron", "16")]),
             vec!["aws.amazon.com/neuron".to_string()]
+        );
+        assert_eq!(
+            present(&[("aws.amazon.com/neurondevice", "16")]),
+            vec!["aws.amazon.com/neurondevice".to_string()]
         );
     }
 }

@@ -354,12 +354,13 @@ fn a_uevent_triggers_a_rescan() {
             settle: std::time::Duration::from_millis(20),
         };
         tokio::spawn(rescanner.run(uevent_rx, config));
-        let wait_for = |rx: &mut tokio::sync::watch::Receiver<Vec<_>>, n: usize| {
+        let wait_for = |rx: &mut tokio::sync::watch::Receiver<dra_core::publish::PoolContent>,
+                        n: usize| {
             let mut rx = rx.clone();
             async move {
                 tokio::time::timeout(
                     std::time::Duration::from_secs(10),
-                    rx.wait_for(|d: &Vec<k8s_openapi::api::resource::v1::Device>| d.len() == n),
+                    rx.wait_for(|d: &dra_core::publish::PoolContent| d.devices.len() == n),
                 )
                 .await
                 .map(|r| r.is_ok())

@@ -14,7 +14,9 @@
 //! will use. The pool generation here is always 1; [`super::reconcile()`] sets the
 //! real one from what the API server already has.
 
-use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{
+    CounterSet, Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use sha2::{Digest, Sha256};
 
@@ -26,6 +28,40 @@ pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// counters (`ResourceSliceMaxDevicesWithAdvancedFeatures` in the 1.37 API
 /// validation).
 pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
+
+/// Most counter sets in one ResourceSlice (`ResourceSliceMaxCounterSets`).
+/// A slice carries either devices or counter sets, never both, so counter
+/// sets go into slices of their own in the same pool.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+
+/// What one scan says the pool holds: the devices, and the counter sets
+/// that partitioned devices draw on (empty for a driver without
+/// partitionable devices). Sent as one value so that a device never reaches
+/// the API server without the counter set it consumes, or the other way
+/// round.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PoolContent {
+    pub devices: Vec<Device>,
+    pub counter_sets: Vec<CounterSet>,
+}
+
+/// The devices, which is what most readers of a pool want.
+impl std::ops::Deref for PoolContent {
+    type Target = Vec<Device>;
+    fn deref(&self) -> &Vec<Device> {
+        &self.devices
+    }
+}
+
+impl PoolContent {
+    /// Devices only.
+    pub fn devices(devices: Vec<Device>) -> Self {
+        PoolContent {
+            devices,
+            counter_sets: Vec::new(),
+        }
+    }
+}
 
 /// Longest object name (DNS subdomain).
 const MAX_OBJECT_NAME_LEN: usize = 253;
@@ -72,6 +108,19 @@ pub fn desired_pool(
     owner: Option<&NodeOwner>,
     devices: &[Device],
 ) -> DesiredPool {
+    desired_pool_with_counters(driver, node, owner, devices, &[])
+}
+
+/// [`desired_pool`] for a pool whose devices consume shared counters: the
+/// device slices come first, then the counter sets, sorted by name, at most
+/// [`MAX_COUNTER_SETS_PER_SLICE`] per slice, in slices of their own.
+pub fn desired_pool_with_counters(
+    driver: &str,
+    node: &str,
+    owner: Option<&NodeOwner>,
+    devices: &[Device],
+    counter_sets: &[CounterSet],
+) -> DesiredPool {
     let (mut devices, issues) = validate_devices(driver, devices);
     devices.sort_by(|a, b| a.name.cmp(&b.name));
     let device_count = devices.len();
@@ -86,32 +135,49 @@ pub fn desired_pool(
     } else {
         MAX_DEVICES_PER_SLICE
     };
-    let chunks: Vec<Vec<Device>> = if devices.is_empty() {
+    let mut counter_sets = counter_sets.to_vec();
+    counter_sets.sort_by(|a, b| a.name.cmp(&b.name));
+    let counter_chunks: Vec<Vec<CounterSet>> = counter_sets
+        .chunks(MAX_COUNTER_SETS_PER_SLICE)
+        .map(<[CounterSet]>::to_vec)
+        .collect();
+    let chunks: Vec<Vec<Device>> = if devices.is_empty() && counter_chunks.is_empty() {
         vec![Vec::new()]
     } else {
         devices.chunks(per_slice).map(<[Device]>::to_vec).collect()
     };
-    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
-    let slices = chunks
+    let count = i64::try_from(chunks.len() + counter_chunks.len()).unwrap_or(i64::MAX);
+    let spec = |devices: Option<Vec<Device>>, shared_counters: Option<Vec<CounterSet>>| {
+        ResourceSliceSpec {
+            driver: driver.to_owned(),
+            node_name: Some(node.to_owned()),
+            pool: ResourcePool {
+                name: node.to_owned(),
+                generation: 1,
+                resource_slice_count: count,
+            },
+            devices,
+            shared_counters,
+            ..Default::default()
+        }
+    };
+    let specs = chunks
         .into_iter()
+        .map(|devices| spec((!devices.is_empty()).then_some(devices), None))
+        .chain(
+            counter_chunks
+                .into_iter()
+                .map(|sets| spec(None, Some(sets))),
+        );
+    let slices = specs
         .enumerate()
-        .map(|(index, devices)| ResourceSlice {
+        .map(|(index, spec)| ResourceSlice {
             metadata: ObjectMeta {
                 name: Some(slice_name(node, driver, index)),
                 owner_references: owner.map(|o| vec![o.owner_reference()]),
                 ..Default::default()
             },
-            spec: ResourceSliceSpec {
-                driver: driver.to_owned(),
-                node_name: Some(node.to_owned()),
-                pool: ResourcePool {
-                    name: node.to_owned(),
-                    generation: 1,
-                    resource_slice_count: count,
-                },
-                devices: (!devices.is_empty()).then_some(devices),
-                ..Default::default()
-            },
+            spec,
         })
         .collect();
     DesiredPool {
@@ -129,7 +195,18 @@ pub fn desired_slices(
     owner: Option<&NodeOwner>,
     devices: &[Device],
 ) -> Vec<ResourceSlice> {
-    let pool = desired_pool(driver, node, owner, devices);
+    desired_slices_with_counters(driver, node, owner, devices, &[])
+}
+
+/// [`desired_slices`] with the pool's counter sets.
+pub fn desired_slices_with_counters(
+    driver: &str,
+    node: &str,
+    owner: Option<&NodeOwner>,
+    devices: &[Device],
+    counter_sets: &[CounterSet],
+) -> Vec<ResourceSlice> {
+    let pool = desired_pool_with_counters(driver, node, owner, devices, counter_sets);
     log_issues(&pool.issues);
     pool.slices
 }
@@ -256,6 +333,85 @@ mod tests {
             .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
             .collect();
         assert_eq!(sizes, vec![64, 64, 2]);
+    }
+
+    #[test]
+    fn counter_sets_get_slices_of_their_own() {
+        use k8s_openapi::api::resource::v1::{Counter, DeviceCounterConsumption};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let counters = |n: u32| {
+            (0..n)
+                .map(|k| {
+                    (
+                        format!("core-{k}"),
+                        Counter {
+                            value: Quantity("1".into()),
+                        },
+                    )
+                })
+                .collect()
+        };
+        // 16 chips of 8 cores: 16 whole-chip devices + 128 cores, 16 sets.
+        let sets: Vec<CounterSet> = (0..16)
+            .rev()
+            .map(|c| CounterSet {
+                name: format!("chip-{c:02}"),
+                counters: counters(8),
+            })
+            .collect();
+        let mut input = devices(144);
+        for (i, d) in input.iter_mut().enumerate() {
+            d.consumes_counters = Some(vec![DeviceCounterConsumption {
+                counter_set: format!("chip-{:02}", i % 16),
+                counters: counters(1),
+            }]);
+        }
+        let pool = desired_pool_with_counters(DRIVER, "node-a", None, &input, &sets);
+        let shape: Vec<(usize, Vec<String>)> = pool
+            .slices
+            .iter()
+            .map(|s| {
+                assert!(
+                    s.spec.devices.is_none() || s.spec.shared_counters.is_none(),
+                    "a slice carries devices or counters, never both"
+                );
+                assert_eq!(s.spec.pool.resource_slice_count, 5);
+                (
+                    s.spec.devices.as_ref().map_or(0, Vec::len),
+                    s.spec
+                        .shared_counters
+                        .iter()
+                        .flatten()
+                        .map(|c| c.name.clone())
+                        .collect(),
+                )
+            })
+            .collect();
+        let names = |r: std::ops::Range<u32>| r.map(|c| format!("chip-{c:02}")).collect();
+        assert_eq!(
+            shape,
+            vec![
+                (64, vec![]),
+                (64, vec![]),
+                (16, vec![]),
+                (0, names(0..8)),
+                (0, names(8..16)),
+            ]
+        );
+        let slice_names: Vec<_> = pool
+            .slices
+            .iter()
+            .map(|s| s.metadata.name.clone())
+            .collect();
+        assert_eq!(
+            slice_names[4].as_deref(),
+            Some("node-a-efa.networking.k8s.aws-4")
+        );
+        // Counter sets without devices still make a pool, without an empty
+        // device slice.
+        let only = desired_pool_with_counters(DRIVER, "n", None, &[], &sets[..1]);
+        assert_eq!(only.slices.len(), 1);
+        assert!(only.slices[0].spec.devices.is_none());
     }
 
     #[test]

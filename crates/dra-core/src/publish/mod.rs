@@ -14,7 +14,9 @@ pub mod validate;
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use desired::{
-    DesiredPool, MAX_DEVICES_PER_SLICE, NodeOwner, desired_pool, desired_slices, slice_name,
+    DesiredPool, MAX_COUNTER_SETS_PER_SLICE, MAX_DEVICES_PER_SLICE, NodeOwner, PoolContent,
+    desired_pool, desired_pool_with_counters, desired_slices, desired_slices_with_counters,
+    slice_name,
 };
 pub use publisher::{PublishMetrics, PublisherConfig, PublisherConfigError, run};
 pub use reconcile::{SliceAction, reconcile};

@@ -24,7 +24,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector};
@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::backoff::{Backoff, BackoffConfig};
-use super::desired::{DesiredPool, NodeOwner, desired_pool};
+use super::desired::{DesiredPool, NodeOwner, PoolContent, desired_pool_with_counters};
 use super::reconcile::{SliceAction, reconcile};
 use super::validate::{is_dns_subdomain, log_issues};
 use crate::taints::{any_tainted, without_taints};
@@ -168,19 +168,20 @@ impl PublisherConfig {
         )
     }
 
-    fn desired(&self, devices: &[Device], taints_supported: bool) -> DesiredPool {
+    fn desired(&self, content: &PoolContent, taints_supported: bool) -> DesiredPool {
         let stripped;
         let devices = if taints_supported {
-            devices
+            &content.devices
         } else {
-            stripped = without_taints(devices);
+            stripped = without_taints(&content.devices);
             &stripped
         };
-        let pool = desired_pool(
+        let pool = desired_pool_with_counters(
             &self.driver_name,
             &self.node_name,
             self.node_owner.as_ref(),
             devices,
+            &content.counter_sets,
         );
         log_issues(&pool.issues);
         for issue in &pool.issues {
@@ -198,7 +199,7 @@ impl PublisherConfig {
 pub async fn run(
     client: kube::Client,
     config: PublisherConfig,
-    mut devices: watch::Receiver<Vec<Device>>,
+    mut devices: watch::Receiver<PoolContent>,
     shutdown: impl Future<Output = ()>,
 ) {
     let api: Api<ResourceSlice> = Api::all(client);
@@ -506,6 +507,7 @@ impl PendingWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::resource::v1::Device;
 
     #[test]
     fn dropped_taints_are_noticed() {
@@ -632,7 +634,7 @@ mod tests {
         let metrics = PublishMetrics::register(&reg).expect("register");
         let c = PublisherConfig::new("d.io", "n", None, metrics.clone()).expect("valid");
         let pool = c.desired(
-            &[
+            &PoolContent::devices(vec![
                 Device {
                     name: "BAD".into(),
                     ..Default::default()
@@ -641,7 +643,7 @@ mod tests {
                     name: "ok".into(),
                     ..Default::default()
                 },
-            ],
+            ]),
             true,
         );
         assert_eq!(pool.device_count, 1);

@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::{Result, anyhow, ensure};
 use serde_json::{Value, json};
 
+use super::agreement;
+pub(super) use super::kit::stays_pending;
 use super::kit::{self, Allocated, ProbeReport, attr_str};
 use crate::host_env::examples_dir;
 use crate::testbed::{DriverKind, NodeInfo, Testbed};
@@ -147,13 +149,17 @@ pub async fn single_efa(tb: &impl Testbed, ns: &str) -> Result<()> {
         devs[0].pool
     );
     let report = kit::probe(tb, ns, "single-efa").await?;
-    check_efa_view(&node(tb, &node_name)?, &devs, &report)?;
+    let info = node(tb, &node_name)?;
+    check_efa_view(&info, &devs, &report)?;
     ensure!(
         report.devices.contains_key("/dev/infiniband/rdma_cm"),
         "no rdma_cm: {:?}",
         report.devices
     );
+    let published = kit::devices(tb, &info.name, DriverKind::Efa).await?.len();
+    kit::efa_gauges(tb, &info.name, (1, 1, published)).await?;
     kit::delete_pods(tb, ns, &["single-efa"], GONE).await?;
+    kit::efa_gauges(tb, &info.name, (0, 0, published)).await?;
     Ok(())
 }
 
@@ -225,42 +231,6 @@ fn all_variant(all: &[Value], name: &str, selector: Option<&str>) -> Result<Valu
         None => efas.remove("selectors"),
     };
     Ok(t)
-}
-
-/// Waits until the pod is reported unschedulable, then checks that it stays
-/// so for a while; returns the scheduler's `(reason, message)`.
-pub(super) async fn stays_pending(
-    tb: &impl Testbed,
-    ns: &str,
-    pod: &str,
-) -> Result<(String, String)> {
-    let cond = kit::wait_for(
-        tb,
-        &format!("{ns}/{pod} reported unschedulable"),
-        Duration::from_secs(60),
-        || async {
-            Ok(kit::get_pod(tb, ns, pod)
-                .await?
-                .as_ref()
-                .and_then(kit::unschedulable))
-        },
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let p = kit::get_pod(tb, ns, pod)
-        .await?
-        .ok_or_else(|| anyhow!("{pod} vanished"))?;
-    ensure!(
-        p.spec.as_ref().and_then(|s| s.node_name.clone()).is_none(),
-        "{pod} was scheduled after all"
-    );
-    for c in kit::pod_claims(tb, ns, pod).await.unwrap_or_default() {
-        ensure!(
-            kit::allocation(&c).is_empty(),
-            "claim of {pod} got allocated"
-        );
-    }
-    Ok(cond)
 }
 
 /// Scenario 4: GPU + all EFAs on its root.
@@ -362,11 +332,21 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
         None,
     );
     kit::apply_all(tb, ns, &[pod]).await?;
-    let (reason, message) = stays_pending(tb, ns, "all-any-root").await?;
+    let (reason, message, explained) = stays_pending(tb, ns, "all-any-root").await?;
     ensure!(
         message.contains("exceeds the claim limit of 32"),
         "scheduler said {reason}: {message}"
     );
+    agreement::names_the_reason(
+        "all-any-root",
+        &explained,
+        &[
+            "matchAttribute constraint on resource.kubernetes.io/pcieRoot",
+            "closest: node p5",
+            "request \"efas\" has 4 of 32 (all matching devices)",
+            "Request \"efas\" takes all matching devices",
+        ],
+    )?;
     // d) All over the 16 EFAs of NUMA node 0 (4 roots; 17 devices fit in a
     // claim): the pcieRoot constraint must hold for every one of them, so
     // no node satisfies it.
@@ -378,11 +358,20 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
     kit::apply_all(tb, ns, &[numa0]).await?;
     let pod = kit::pod_with_claim(tb, "all-numa0", Some("gpu-all-numa0-efas"), None, None);
     kit::apply_all(tb, ns, &[pod]).await?;
-    let (reason, message) = stays_pending(tb, ns, "all-numa0").await?;
+    let (reason, message, explained) = stays_pending(tb, ns, "all-numa0").await?;
     ensure!(
         reason == "Unschedulable" && message.contains("cannot allocate all claims"),
         "scheduler said {reason}: {message}"
     );
+    agreement::names_the_reason(
+        "all-numa0",
+        &explained,
+        &[
+            "matchAttribute constraint on resource.kubernetes.io/pcieRoot",
+            "numaNode.orValue(-1) == 0",
+            "(all matching devices)",
+        ],
+    )?;
 
     kit::delete_pods(
         tb,
@@ -461,11 +450,19 @@ pub async fn unsatisfiable_on_trn1(tb: &impl Testbed, ns: &str) -> Result<()> {
         Some("trn1"),
     )?;
     kit::apply_all(tb, ns, &objs).await?;
-    let (reason, message) = stays_pending(tb, ns, "neuron-4-chips-with-efas").await?;
+    let (reason, message, explained) = stays_pending(tb, ns, "neuron-4-chips-with-efas").await?;
     ensure!(
         reason == "Unschedulable" && message.contains("cannot allocate all claims"),
         "scheduler said {reason}: {message}"
     );
+    agreement::names_the_reason(
+        "neuron-4-chips-with-efas",
+        &explained,
+        &[
+            "matchAttribute constraint on resource.aws.com/devicegroup4_id",
+            "request \"efas\" has 2 of 4",
+        ],
+    )?;
     // Control: with the 2 EFAs a trn1 4-group has, it runs there.
     let mut two = template_of(&objs)?;
     two["metadata"]["name"] = json!("trn1-4-chips-2-efas");

@@ -21,6 +21,7 @@ use k8s_openapi::api::resource::v1::Device;
 use serde_json::{Value, json};
 use sysfs_fixtures::health::{self, Fault};
 
+use super::agreement;
 use super::allocate::{GONE, RUNNING, stays_pending};
 use super::kit::{self, attr_int, attr_str};
 use crate::testbed::{DriverKind, RESCAN_INTERVAL, Testbed};
@@ -303,12 +304,17 @@ async fn fault_one(tb: &impl Testbed, ns: &str, tag: &str, t: &Target) -> Result
     let blocked = format!("blocked-{tag}");
     let pod = kit::pod_with_claim(tb, &blocked, Some(&plain), None, Some(t.node));
     kit::apply_all(tb, ns, &[pod]).await?;
-    let (reason, message) = stays_pending(tb, ns, &blocked).await?;
+    let (reason, message, explained) = stays_pending(tb, ns, &blocked).await?;
     ensure!(
         reason == "Unschedulable",
         "a claim for the tainted {} without a toleration: scheduler said {reason}: {message}",
         t.device
     );
+    agreement::names_the_reason(
+        &blocked,
+        &explained,
+        &[&format!("taint {}=", t.key), "is not tolerated", &t.cel],
+    )?;
     if message.contains(&t.key) {
         println!("    scheduler names the taint: {message}");
     } else {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kube::Api;
@@ -142,7 +142,8 @@ pub async fn events(tb: &impl Testbed, ns: &str, name: &str) -> Result<Vec<(Stri
 }
 
 /// Waits for the pod to be Running; fails early when it failed, and the
-/// timeout message carries its status and events.
+/// timeout message carries its status and events. Once it runs, checks that
+/// `kubectl dra explain` agrees ([`super::agreement::check_pod`]).
 pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration) -> Result<Pod> {
     let started = Instant::now();
     loop {
@@ -154,6 +155,7 @@ pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration)
                 .and_then(|s| s.phase.clone())
                 .unwrap_or_default();
             if phase == "Running" {
+                super::agreement::check_pod(tb, ns, name).await?;
                 return Ok(pod.clone());
             }
             if phase == "Failed" || phase == "Succeeded" {
@@ -175,6 +177,36 @@ pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration)
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Waits until the pod is reported unschedulable, then checks that it stays
+/// so for a while and that `kubectl dra explain` agrees; returns the
+/// scheduler's `(reason, message)` and the explanation.
+pub async fn stays_pending(
+    tb: &impl Testbed,
+    ns: &str,
+    pod: &str,
+) -> Result<(String, String, String)> {
+    let cond = wait_for(
+        tb,
+        &format!("{ns}/{pod} reported unschedulable"),
+        Duration::from_secs(60),
+        || async { Ok(get_pod(tb, ns, pod).await?.as_ref().and_then(unschedulable)) },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let p = get_pod(tb, ns, pod)
+        .await?
+        .ok_or_else(|| anyhow!("{pod} vanished"))?;
+    ensure!(
+        p.spec.as_ref().and_then(|s| s.node_name.clone()).is_none(),
+        "{pod} was scheduled after all"
+    );
+    for c in pod_claims(tb, ns, pod).await.unwrap_or_default() {
+        ensure!(allocation(&c).is_empty(), "claim of {pod} got allocated");
+    }
+    let explained = super::agreement::check_pod(tb, ns, pod).await?;
+    Ok((cond.0, cond.1, explained))
 }
 
 /// Deletes pods and waits until they are gone.
@@ -429,6 +461,59 @@ pub fn unschedulable(pod: &Pod) -> Option<(String, String)> {
         })
 }
 
+/// The value of an unlabelled sample, or of the sample with exactly these
+/// labels as written (`state="unhealthy"`), in Prometheus text.
+pub fn gauge(metrics: &str, name: &str, labels: &str) -> Option<f64> {
+    let head = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&head))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The EFA driver's node-side gauges on `node`: prepared claims, prepared
+/// devices and published devices as expected, and no unhealthy device.
+/// Polled for a while: kubelet may unprepare after the pod object is gone.
+pub async fn efa_gauges(
+    tb: &impl Testbed,
+    node: &str,
+    (claims, devices, published): (usize, usize, usize),
+) -> Result<()> {
+    let want = (
+        Some(claims as f64),
+        Some(devices as f64),
+        Some(published as f64),
+        Some(0.0),
+    );
+    let started = Instant::now();
+    loop {
+        let metrics = tb.driver_metrics(node, DriverKind::Efa).await?;
+        let g = |name: &str, labels: &str| gauge(&metrics, name, labels);
+        let seen = (
+            g("dra_prepared_claims", ""),
+            g("dra_prepared_devices", ""),
+            g("dra_published_devices", ""),
+            g("efa_driver_devices_by_health", "state=\"unhealthy\""),
+        );
+        if seen == want {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "EFA driver on {node}: (prepared claims, prepared devices, published, unhealthy) = {seen:?}, expected {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "    EFA driver on {node}: prepared claims {claims}, prepared devices {devices}, published {published}, unhealthy 0"
+    );
+    Ok(())
+}
+
 /// The EFA's index N of `uverbsN` from its device name (`efa-DDDD-BB-DD-F`)
 /// via the fixture description.
 pub fn efa_uverbs(fixture: &sysfs_fixtures::Fixture, device: &str) -> Option<u32> {
@@ -470,6 +555,17 @@ mod tests {
             None,
             "incomplete report"
         );
+    }
+
+    #[test]
+    fn gauges_are_read_by_name_and_labels() {
+        let text = "# HELP dra_prepared_claims x\ndra_prepared_claims 2\ndra_prepared_claims_other 9\nefa_driver_devices_by_health{state=\"healthy\"} 31\nefa_driver_devices_by_health{state=\"unhealthy\"} 1\n";
+        assert_eq!(gauge(text, "dra_prepared_claims", ""), Some(2.0));
+        assert_eq!(
+            gauge(text, "efa_driver_devices_by_health", "state=\"unhealthy\""),
+            Some(1.0)
+        );
+        assert_eq!(gauge(text, "dra_prepared_devices", ""), None);
     }
 
     #[test]

@@ -16,11 +16,15 @@
 //! features it needs (a release without them reports it as skipped, with the
 //! reason, see [`crate::versions`]) and the function that runs it.
 
+pub mod agreement;
 mod allocate;
+mod cel_agreement;
 mod charts;
 mod health;
 pub mod kit;
 mod lifecycle;
+mod migration;
+mod partitions;
 mod publish;
 mod taints;
 
@@ -101,6 +105,14 @@ scenarios! {
         => health::fault_taints;
     s16_taints_dropped [] "on a server without DRADeviceTaints a fault neither crashes the driver nor rewrites its slices"
         => health::taints_dropped;
+    s17_extended_resources [ExtendedResource, PartitionableDevices] "unchanged pods asking for aws.amazon.com/neuroncore: 2, neurondevice: 1 and vpc.amazonaws.com/efa: 4 get exactly those devices from DRA"
+        => partitions::extended_resources;
+    s18_cores_fill_node [ExtendedResource, PartitionableDevices] "claims for cores and whole chips fill trn2 (16 x 8 cores) without overlap; the next core stays Pending"
+        => partitions::cores_fill_node;
+    s19_migration [ExtendedResource, PartitionableDevices] "docs/migration.md on trn2: the guard refuses beside a device plugin; after it is removed the same pod runs on DRA"
+        => migration::device_plugin_to_dra;
+    s20_explain_agreement [AdminAccess] "kubectl-dra's CEL selects what kube-scheduler allocates, 62 expressions in one batch; a held device names its claim"
+        => cel_agreement::explain_agreement;
 }
 
 /// The scenario called `name`.
@@ -120,7 +132,11 @@ pub fn namespace_of(name: &str) -> String {
 pub async fn run<T: Testbed>(tb: &T, name: &str) -> Result<()> {
     let ns = namespace_of(name);
     kit::namespace(tb, &ns).await?;
-    let result = dispatch(tb, name, &ns).await;
+    let mut result = dispatch(tb, name, &ns).await;
+    if result.is_ok() {
+        // The pods left: kubectl dra explain must agree with the scheduler.
+        result = agreement::check_namespace(tb, &ns).await.map(|_| ());
+    }
     let cleanup = kit::delete_all_pods(tb, &ns, std::time::Duration::from_secs(120)).await;
     kit::drop_namespace(tb, &ns).await;
     match (result, cleanup) {
@@ -194,10 +210,22 @@ mod tests {
         assert!(s15.skip_reason(r37).is_none());
         let why = s15.skip_reason(r34).unwrap();
         assert!(why.contains("DRADeviceTaints"), "{why}");
+        // Extended resources and NeuronCores as partitions: 1.36+.
+        let migration = [
+            "s17_extended_resources",
+            "s18_cores_fill_node",
+            "s19_migration",
+        ];
+        for name in migration {
+            let s = find(name).unwrap();
+            assert!(s.skip_reason(r37).is_none(), "{name}");
+            let why = s.skip_reason(r34).unwrap();
+            assert!(why.contains("DRAExtendedResource"), "{why}");
+        }
         // Everything else runs on every release we test.
         for s in SCENARIOS
             .iter()
-            .filter(|s| s.name != s14.name && s.name != s15.name)
+            .filter(|s| s.name != s14.name && s.name != s15.name && !migration.contains(&s.name))
         {
             assert_eq!(s.skip_reason(r34), None, "{}", s.name);
         }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, ensure};
 use serde_json::{Value, json};
 
+use super::agreement;
 use super::allocate::{GONE, RUNNING, stays_pending};
 use super::kit::{self, attr_str};
 use crate::manifests;
@@ -95,11 +96,22 @@ async fn with_rule(
     // 1. Not tolerated: the only device that fits is tainted, so the pod stays Pending.
     let untolerated = kit::pod_with_claim(tb, "untolerated", Some("untolerated"), None, Some("p5"));
     kit::apply_all(tb, ns, &[untolerated]).await?;
-    let (reason, message) = stays_pending(tb, ns, "untolerated").await?;
+    let (reason, message, explained) = stays_pending(tb, ns, "untolerated").await?;
     ensure!(
         reason == "Unschedulable",
         "a claim for the tainted {device} without a toleration: scheduler said {reason}: {message}"
     );
+    let rule_name = rule["metadata"]["name"].as_str().unwrap_or_default();
+    agreement::names_the_reason(
+        "untolerated",
+        &explained,
+        &[
+            &format!(
+                "taint {TAINT_KEY}={ns}:NoSchedule (from DeviceTaintRule {rule_name}) is not tolerated"
+            ),
+            &format!("pciBusID == \"{bdf}\""),
+        ],
+    )?;
 
     // 2. Tolerated: the claim gets exactly the tainted device and the pod runs.
     let tolerating = kit::pod_with_claim(tb, "tolerating", Some("tolerating"), None, Some("p5"));

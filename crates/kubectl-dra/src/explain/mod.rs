@@ -8,6 +8,7 @@
 //! per-node search mirrors its backtracking over devices, bounded by a step
 //! budget; when the budget runs out the verdict says so instead of guessing.
 
+mod allocated;
 mod request;
 mod solve;
 pub mod subject;
@@ -126,6 +127,11 @@ pub struct Explanation {
     pub constraints: Vec<ConstraintReport>,
     pub nodes_that_fit: Vec<String>,
     pub chosen: Vec<ChosenDevice>,
+    /// For an allocated claim: what no longer holds (a device gone, a
+    /// selector or constraint now false, a count not met). Empty when the
+    /// allocation still satisfies the claim.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
 }
 
 /// Options that narrow the search.
@@ -162,7 +168,7 @@ impl Scope {
 /// Explains one claim (or a claim-to-be from a template).
 pub fn explain(world: &World, subject: &Subject, scope: &Scope) -> Explanation {
     if let Some(allocation) = &subject.allocation {
-        return request::explain_allocated(world, subject, allocation);
+        return allocated::explain_allocated(world, subject, allocation);
     }
     let spec: &ResourceClaimSpec = &subject.spec;
     let plans = request::plans(spec);
@@ -218,6 +224,7 @@ pub fn explain(world: &World, subject: &Subject, scope: &Scope) -> Explanation {
         constraints: constraint_reports,
         nodes_that_fit: outcome.fits.iter().map(|s| s.to_string()).collect(),
         chosen: outcome.example,
+        problems: vec![],
     }
 }
 

@@ -1,13 +1,13 @@
 //! One request against every device: the per-device checks in the
 //! scheduler's order, and what they add up to.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{AllocationResult, DeviceToleration, ResourceClaimSpec};
+use k8s_openapi::api::resource::v1::{DeviceToleration, ResourceClaimSpec};
 
-use super::{Allocatable, ChosenDevice, Explanation, RejectedGroup, RequestReport, Scope, Subject};
+use super::{RejectedGroup, RequestReport, Scope};
 use crate::cel::{Outcome, Selector};
-use crate::world::{DeviceId, PublishedDevice, World};
+use crate::world::{PublishedDevice, World};
 
 /// How many devices a request wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +110,8 @@ pub enum Rejection {
         key: String,
         value: String,
         effect: String,
+        /// The DeviceTaintRule that puts it there; `None`: the slice does.
+        rule: Option<String>,
     },
     Counters {
         set: String,
@@ -146,9 +148,17 @@ impl Rejection {
             Rejection::HeldBy(claims) => {
                 format!("already allocated to claim {}", claims.join(", "))
             }
-            Rejection::Taint { key, value, effect } => {
-                format!("taint {key}={value}:{effect} is not tolerated")
-            }
+            Rejection::Taint {
+                key,
+                value,
+                effect,
+                rule,
+            } => match rule {
+                None => format!("taint {key}={value}:{effect} is not tolerated"),
+                Some(rule) => format!(
+                    "taint {key}={value}:{effect} (from DeviceTaintRule {rule}) is not tolerated"
+                ),
+            },
             Rejection::Counters {
                 set,
                 counter,
@@ -174,7 +184,7 @@ pub struct Evaluation {
     pub unsupported: Vec<(usize, String)>,
 }
 
-fn outcome_text(outcome: &Outcome) -> Option<String> {
+pub(super) fn outcome_text(outcome: &Outcome) -> Option<String> {
     match outcome {
         Outcome::Match => None,
         Outcome::NoMatch => Some("false".to_string()),
@@ -290,7 +300,9 @@ pub fn check_device(
             return (true, Some(Rejection::HeldBy(others)));
         }
     }
-    for taint in device.device.taints.iter().flatten() {
+    let taints = device.device.taints.iter().flatten().map(|t| (None, t));
+    let from_rules = device.rule_taints.iter().map(|(r, t)| (Some(r), t));
+    for (rule, taint) in taints.chain(from_rules) {
         if (taint.effect == "NoSchedule" || taint.effect == "NoExecute")
             && !tolerated(taint, &spec.tolerations)
         {
@@ -300,6 +312,7 @@ pub fn check_device(
                     key: taint.key.clone(),
                     value: taint.value.clone().unwrap_or_default(),
                     effect: taint.effect.clone(),
+                    rule: rule.cloned(),
                 }),
             );
         }
@@ -481,118 +494,5 @@ pub fn advice_for(reason: &str, report: &RequestReport) -> String {
         "The pod may only run on other nodes (nodeName or nodeSelector): change that, or make the devices available there.".to_string()
     } else {
         format!("Wait for the driver to finish publishing ({reason}).")
-    }
-}
-
-/// An allocated claim: what was chosen and why each device fits.
-pub fn explain_allocated(
-    world: &World,
-    subject: &Subject,
-    allocation: &AllocationResult,
-) -> Explanation {
-    let plans = plans(&subject.spec);
-    let by_name: HashMap<String, &RequestSpec> = plans
-        .iter()
-        .flatten()
-        .map(|s| (s.name.clone(), s))
-        .collect();
-    let index: HashMap<&DeviceId, usize> = world
-        .devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (&d.id, i))
-        .collect();
-    let constraints: Vec<_> = subject
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.constraints.clone())
-        .unwrap_or_default();
-    let mut chosen = Vec::new();
-    let mut nodes = Vec::new();
-    for result in allocation
-        .devices
-        .iter()
-        .flat_map(|d| d.results.iter().flatten())
-    {
-        let id = DeviceId {
-            driver: result.driver.clone(),
-            pool: result.pool.clone(),
-            device: result.device.clone(),
-        };
-        let mut why = Vec::new();
-        let node = match index.get(&id) {
-            Some(&i) => {
-                let device = &world.devices[i];
-                if let Some(spec) = by_name.get(&result.request) {
-                    why.push(format!("DeviceClass {:?} selects it", spec.class));
-                    let selectors: Vec<Selector> = spec
-                        .selectors
-                        .iter()
-                        .map(|s| Selector::compile(s))
-                        .collect();
-                    for (n, s) in selectors.iter().enumerate() {
-                        let o = s.evaluate(&world.env, &device.value);
-                        why.push(match outcome_text(&o) {
-                            None => format!("selector #{n} `{}` is true", s.source()),
-                            Some(t) => format!(
-                                "selector #{n} `{}` is now {t} (it changed since allocation)",
-                                s.source()
-                            ),
-                        });
-                    }
-                }
-                for c in &constraints {
-                    let applies = c.requests.as_ref().is_none_or(|r| {
-                        r.is_empty()
-                            || r.iter().any(|x| {
-                                *x == result.request || result.request.starts_with(&format!("{x}/"))
-                            })
-                    });
-                    if let (true, Some(attr)) = (applies, &c.match_attribute) {
-                        why.push(match device.attribute(attr) {
-                            Some(v) => {
-                                format!("{attr} = {v}, shared by every device of the constraint")
-                            }
-                            None => format!("{attr} is missing (the constraint no longer holds)"),
-                        });
-                    }
-                }
-                device.node.unwrap_or("(any node)").to_string()
-            }
-            None => {
-                why.push("the device is no longer published".to_string());
-                "?".to_string()
-            }
-        };
-        if !nodes.contains(&node) {
-            nodes.push(node.clone());
-        }
-        chosen.push(ChosenDevice {
-            request: result.request.clone(),
-            device: id.to_string(),
-            node,
-            why,
-        });
-    }
-    let reserved = subject.reserved_for.join(", ");
-    Explanation {
-        subject: subject.label.clone(),
-        allocatable: Allocatable::Allocated,
-        verdict: format!(
-            "Allocated: {} device(s) on node {}{}.",
-            chosen.len(),
-            nodes.join(", "),
-            if reserved.is_empty() {
-                String::new()
-            } else {
-                format!(", reserved for {reserved}")
-            }
-        ),
-        advice: vec![],
-        requests: vec![],
-        constraints: vec![],
-        nodes_that_fit: nodes,
-        chosen,
     }
 }

@@ -479,7 +479,7 @@ pub fn constraint_reports(
             .enumerate()
             .filter_map(|(pi, alts)| alts.first().filter(|s| applies(c, s)).map(|s| (pi, s)))
             .collect();
-        let mut rows: Vec<(usize, ValueRow)> = Vec::new();
+        let mut rows: Vec<((usize, usize), ValueRow)> = Vec::new();
         for node in nodes {
             let mut table: BTreeMap<AttributeValue, BTreeMap<String, usize>> = BTreeMap::new();
             for (pi, spec) in &members {
@@ -505,13 +505,15 @@ pub fn constraint_reports(
                     shortfall += need.saturating_sub(h);
                     counts.insert(spec.name.clone(), ValueCount { have: h, need, all });
                 }
+                // Closest first: fewest requests short, then fewest devices.
+                let short = counts.values().filter(|c: &&ValueCount| c.short()).count();
                 rows.push((
-                    shortfall,
+                    (short, shortfall),
                     ValueRow {
                         node: node.to_string(),
                         value: value.to_string(),
                         counts,
-                        satisfies_all: shortfall == 0,
+                        satisfies_all: short == 0,
                     },
                 ));
             }

@@ -322,6 +322,112 @@ fn taints_are_honoured_and_tolerations_lift_them() {
     assert_eq!(e.allocatable, Allocatable::Yes, "{}", text(&e));
 }
 
+/// A DeviceTaintRule taints a device its slice does not: the rejection
+/// names the taint and the rule, and a toleration lifts it.
+#[test]
+fn device_taint_rules_taint_without_the_slice() {
+    let rule = "apiVersion: resource.k8s.io/v1\nkind: DeviceTaintRule\nmetadata: {name: maint-efa}\nspec:\n  deviceSelector: {driver: efa.networking.k8s.aws, pool: trn1, device: efa-0000-10-19-0}\n  taint: {key: example.com/maintenance, value: s14, effect: NoSchedule}\n";
+    let pinned = |tolerate: bool| {
+        claim(
+            "pinned",
+            &format!(
+                "  devices:\n    requests:\n    - name: efa\n      exactly:\n        deviceClassName: efa.networking.k8s.aws\n        selectors:\n        - cel: {{expression: 'device.attributes[\"resource.kubernetes.io\"].pciBusID == \"0000:10:19.0\"'}}\n{}",
+                if tolerate {
+                    "        tolerations:\n        - {key: example.com/maintenance, operator: Exists, effect: NoSchedule}\n"
+                } else {
+                    ""
+                }
+            ),
+        )
+    };
+    let e = explain_one(
+        &inventory(&[CLASSES, TRN1_EFA, rule, &pinned(false)]),
+        "pinned",
+    );
+    assert_eq!(e.allocatable, Allocatable::No, "{}", text(&e));
+    assert!(
+        text(&e).contains(
+            "taint example.com/maintenance=s14:NoSchedule (from DeviceTaintRule maint-efa) is not tolerated"
+        ),
+        "{}",
+        text(&e)
+    );
+    let e = explain_one(
+        &inventory(&[CLASSES, TRN1_EFA, rule, &pinned(true)]),
+        "pinned",
+    );
+    assert_eq!(e.allocatable, Allocatable::Yes, "{}", text(&e));
+    // Without the rule the same claim fits.
+    let e = explain_one(&inventory(&[CLASSES, TRN1_EFA, &pinned(false)]), "pinned");
+    assert_eq!(e.allocatable, Allocatable::Yes, "{}", text(&e));
+}
+
+/// An allocation is checked against the claim: a sound one has no
+/// problems; devices on two roots under a pcieRoot constraint, a count not
+/// met, a selector now false and a device gone are each named.
+#[test]
+fn allocations_are_checked_against_the_claim() {
+    let allocated = |results: &[(&str, &str)]| {
+        format!(
+            "{}status:\n  allocation:\n    devices:\n      results:\n{}",
+            claim(
+                "two",
+                "  devices:\n    requests:\n    - name: efas\n      exactly:\n        deviceClassName: efa.networking.k8s.aws\n        count: 2\n        selectors:\n        - cel: {expression: 'device.attributes[\"efa.networking.k8s.aws\"].instanceType == \"trn1.32xlarge\"'}\n    constraints:\n    - {requests: [efas], matchAttribute: resource.kubernetes.io/pcieRoot}\n"
+            ),
+            results
+                .iter()
+                .map(|(pool, dev)| format!("      - {{request: efas, driver: efa.networking.k8s.aws, pool: {pool}, device: {dev}}}\n"))
+                .collect::<String>()
+        )
+    };
+    let check = |results: &[(&str, &str)]| {
+        let inv = inventory(&[CLASSES, TRN1_EFA, P5_EFA, &allocated(results)]);
+        let e = explain_one(&inv, "two");
+        assert_eq!(e.allocatable, Allocatable::Allocated, "{}", text(&e));
+        e.problems
+    };
+    let sound = check(&[("trn1", "efa-0000-10-19-0"), ("trn1", "efa-0000-10-1a-0")]);
+    assert!(sound.is_empty(), "{sound:?}");
+    let roots = check(&[("trn1", "efa-0000-10-19-0"), ("trn1", "efa-0000-20-19-0")]);
+    assert!(
+        roots
+            .iter()
+            .any(|p| p
+                .contains("matchAttribute resource.kubernetes.io/pcieRoot: the devices differ")),
+        "{roots:?}"
+    );
+    let short = check(&[("trn1", "efa-0000-10-19-0")]);
+    assert!(
+        short
+            .iter()
+            .any(|p| p.contains("wants 2 device(s), 1 allocated")),
+        "{short:?}"
+    );
+    let p5 = kubectl_dra_first_p5_efa();
+    let wrong = check(&[("trn1", "efa-0000-10-19-0"), ("p5", &p5)]);
+    assert!(
+        wrong
+            .iter()
+            .any(|p| p.contains("selector #0") && p.contains("is now false")),
+        "{wrong:?}"
+    );
+    let gone = check(&[("trn1", "efa-0000-10-19-0"), ("trn1", "efa-9999")]);
+    assert!(
+        gone.iter()
+            .any(|p| p.contains("efa-9999 is no longer published")),
+        "{gone:?}"
+    );
+}
+
+/// The name of the first EFA in the p5 fixture.
+fn kubectl_dra_first_p5_efa() -> String {
+    P5_EFA
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("name: efa-"))
+        .map(|n| format!("efa-{n}"))
+        .unwrap_or_default()
+}
+
 /// Partitions of one chip share its counters: once one partition is
 /// allocated, a second that needs more than is left is rejected.
 #[test]

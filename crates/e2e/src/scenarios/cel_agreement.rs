@@ -1,40 +1,39 @@
-//! kubectl-dra against the real kube-scheduler, on the local cluster of real
-//! components (`e2e::LocalTestbed`: p5 and trn2 by default, trn1 added).
+//! Scenario 17: kubectl-dra's CEL against the real kube-scheduler, in one
+//! batch, and the reason it gives for a device another claim holds.
 //!
 //! 1. CEL differential: every selector expression below goes, in one batch,
 //!    into its own claim (`allocationMode: All`, `adminAccess: true`, so
 //!    that the claims do not compete for devices) with its own pod. Where
 //!    the scheduler allocates, our evaluation must select exactly the
 //!    devices it allocated on that node; where it does not, ours must find
-//!    no device on any node, or a runtime error.
-//! 2. Verdicts: the e2e scenarios' claims (one EFA; 4 chips + 4 EFAs on
-//!    trn1; All EFAs across roots; a device held by another claim). Scheduled
-//!    pods must be explained as allocated and, taken as pending, as
-//!    allocatable; Pending pods as not allocatable, with the key words of
-//!    the reason (the constraint, the holding claim).
+//!    no device on any node, or a runtime error; and `explain`'s verdict must
+//!    be allocatable / not allocatable accordingly. An expression the API
+//!    server refuses never reaches the scheduler and is left out (at least
+//!    50 must be compared).
+//! 2. Holding claim: every trn2 EFA held by one claim, a second claim wants
+//!    one of them: Pending, and explain names the holder.
 //!
-//! Needs root, `cargo xtask k8s build`, helm, and the driver binaries
-//! (`cargo build -p efa-driver -p neuron-driver -p e2e --bins`, then
-//! `AWS_DRA_BIN_DIR=<target>/debug`). Not part of plain `cargo test`
-//! (`test = false`); run it under the machine-wide lock:
-//! `flock /tmp/aws-dra-e2e.lock cargo test -p kubectl-dra --test scheduler_agreement`.
+//! The other Pending cases (4 chips + 4 EFAs on trn1, All across roots,
+//! taints) are checked where their scenarios make them, through
+//! [`super::agreement`], which also checks every pod of this one.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::scenarios::kit;
-use e2e::{DriverKind, LocalOptions, LocalTestbed, ManagedTestbed, Testbed};
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kubectl_dra::cel::{Outcome, Selector};
 use kubectl_dra::explain::{self, Allocatable, Scope, Subject};
-use kubectl_dra::inventory::Inventory;
 use kubectl_dra::online;
 use kubectl_dra::world::World;
-use serde_json::{Value, json};
+use serde_json::json;
+
+use super::agreement;
+use super::allocate::stays_pending;
+use super::kit;
+use crate::testbed::{DriverKind, Testbed};
 
 const EFA: &str = "efa.networking.k8s.aws";
 const NEURON: &str = "neuron.aws.com";
@@ -242,7 +241,7 @@ enum Placed {
     Pending(String),
 }
 
-async fn scheduler_result(tb: &LocalTestbed, ns: &str, pod: &str) -> Result<Option<Placed>> {
+async fn scheduler_result(tb: &impl Testbed, ns: &str, pod: &str) -> Result<Option<Placed>> {
     let Some(p) = kit::get_pod(tb, ns, pod).await? else {
         return Ok(None);
     };
@@ -252,9 +251,8 @@ async fn scheduler_result(tb: &LocalTestbed, ns: &str, pod: &str) -> Result<Opti
     let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
         return Ok(None);
     };
-    let claims = match kit::pod_claims(tb, ns, pod).await {
-        Ok(c) => c,
-        Err(_) => return Ok(None),
+    let Ok(claims) = kit::pod_claims(tb, ns, pod).await else {
+        return Ok(None);
     };
     let mut devices = BTreeSet::new();
     for c in &claims {
@@ -269,12 +267,6 @@ async fn scheduler_result(tb: &LocalTestbed, ns: &str, pod: &str) -> Result<Opti
         );
     }
     Ok(Some(Placed::Allocated(node, devices)))
-}
-
-async fn inventory(tb: &LocalTestbed, ns: &str, pod: Option<&str>) -> Result<Inventory> {
-    online::fetch(&tb.client(), ns, pod)
-        .await
-        .context("reading the cluster")
 }
 
 /// Our selection, per node, of `class` + `expression`; `Err` on a runtime
@@ -313,23 +305,20 @@ fn our_selection(
     Ok(out)
 }
 
-async fn cel_differential(tb: &LocalTestbed) -> Result<Vec<String>> {
-    let ns = "kdra-cel";
-    kit::namespace(tb, ns).await?;
+/// Creates every claim and pod of the batch; returns the expressions the
+/// API server refused, by index.
+async fn create_batch(tb: &impl Testbed, ns: &str) -> Result<BTreeMap<usize, String>> {
     // Admin access needs the namespace label.
     let namespaces: Api<Namespace> = Api::all(tb.client());
     namespaces
         .patch(
             ns,
-            &PatchParams::apply("kubectl-dra-test"),
+            &PatchParams::apply("e2e-cel-agreement"),
             &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": {"resource.kubernetes.io/admin-access": "true"}}})),
         )
         .await
         .context("labelling the namespace for admin access")?;
-    // One claim and one pod per expression. The API server compiles each
-    // selector when the claim is created; one it refuses never reaches the
-    // scheduler, so it is left out of the comparison (and counted).
-    let mut refused: BTreeMap<usize, String> = BTreeMap::new();
+    let mut refused = BTreeMap::new();
     for (i, (class, expr)) in EXPRESSIONS.iter().enumerate() {
         let name = format!("cel-{i:02}");
         let claim = json!({
@@ -351,6 +340,12 @@ async fn cel_differential(tb: &LocalTestbed) -> Result<Vec<String>> {
         )
         .await?;
     }
+    Ok(refused)
+}
+
+async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
+    let started = Instant::now();
+    let refused = create_batch(tb, ns).await?;
     let compared = EXPRESSIONS.len() - refused.len();
     if compared < 50 {
         bail!(
@@ -359,7 +354,6 @@ async fn cel_differential(tb: &LocalTestbed) -> Result<Vec<String>> {
         );
     }
     let mut placed: BTreeMap<usize, Placed> = BTreeMap::new();
-    let started = std::time::Instant::now();
     while placed.len() < compared {
         for i in 0..EXPRESSIONS.len() {
             if !placed.contains_key(&i)
@@ -379,10 +373,11 @@ async fn cel_differential(tb: &LocalTestbed) -> Result<Vec<String>> {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let inv = inventory(tb, ns, None).await?;
+    let inv = online::fetch(&tb.client(), ns, None)
+        .await
+        .context("kubectl-dra reading the cluster")?;
     let world = World::new(&inv);
     let mut failures = Vec::new();
-    let mut agreed = 0;
     for (i, (class, expr)) in EXPRESSIONS.iter().enumerate() {
         let expr = expand(expr);
         let Some(theirs) = placed.get(&i) else {
@@ -395,9 +390,8 @@ async fn cel_differential(tb: &LocalTestbed) -> Result<Vec<String>> {
             (Err(e), Placed::Pending(_)) => !e.starts_with("UNSUPPORTED"),
             (Err(_), Placed::Allocated(..)) => false,
         };
-        // The verdict of explain must agree too.
-        let claim: Option<&ResourceClaim> = inv.claim(ns, &format!("cel-{i:02}"));
-        let verdict = claim.map(|c| {
+        // The verdict of explain, taking the claim as not allocated yet.
+        let verdict = inv.claim(ns, &format!("cel-{i:02}")).map(|c| {
             let subject = Subject {
                 label: String::new(),
                 key: Some(format!("{ns}/cel-{i:02}")),
@@ -411,174 +405,79 @@ async fn cel_differential(tb: &LocalTestbed) -> Result<Vec<String>> {
             Placed::Allocated(..) => verdict == Some(Allocatable::Yes),
             Placed::Pending(_) => verdict == Some(Allocatable::No),
         };
-        if ok && verdict_ok {
-            agreed += 1;
-        } else {
+        if !(ok && verdict_ok) {
             failures.push(format!("#{i} [{class}] {expr}\n    scheduler: {theirs:?}\n    ours: {ours:?}\n    explain: {verdict:?}"));
         }
     }
+    let allocated = placed
+        .values()
+        .filter(|p| matches!(p, Placed::Allocated(..)))
+        .count();
     println!(
-        "CEL differential: {agreed} of {} expressions agree with kube-scheduler",
-        EXPRESSIONS.len()
+        "    CEL differential: {} of {compared} expressions agree with kube-scheduler ({allocated} allocated, {} Pending; {} refused by the API server), {} ms",
+        compared - failures.len(),
+        compared - allocated,
+        refused.len(),
+        started.elapsed().as_millis()
     );
-    kit::delete_all_pods(tb, ns, SETTLE).await?;
-    Ok(failures)
-}
-
-/// A pod's explanation, from the live cluster through the online path.
-async fn explain_pod(tb: &LocalTestbed, ns: &str, pod: &str) -> Result<Vec<explain::Explanation>> {
-    let inv = inventory(tb, ns, Some(pod)).await?;
-    let world = World::new(&inv);
-    let (subjects, scope) = explain::subjects_for_pod(&inv, ns, pod)?;
-    Ok(subjects
-        .iter()
-        .map(|s| explain::explain(&world, s, &scope))
-        .collect())
-}
-
-async fn settle(tb: &LocalTestbed, ns: &str, pod: &str) -> Result<Placed> {
-    kit::wait_for(
-        tb,
-        &format!("{ns}/{pod} scheduled or unschedulable"),
-        SETTLE,
-        || scheduler_result(tb, ns, pod),
-    )
-    .await
-}
-
-fn claim(name: &str, requests: Value, constraints: Value) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": requests, "constraints": constraints}},
-    })
-}
-
-async fn verdicts(tb: &LocalTestbed) -> Result<Vec<String>> {
-    let ns = "kdra-verdicts";
-    kit::namespace(tb, ns).await?;
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-    let mut failures = Vec::new();
-    // (pod, expected to be scheduled, key words of the reason when not)
-    let mut cases: Vec<(String, bool, Vec<String>)> = Vec::new();
-
-    let single = kit::example(tb, &examples.join("efa/single-efa.yaml"), None)?;
-    kit::apply_all(tb, ns, &single).await?;
-    for o in single.iter().filter(|o| o["kind"] == "Pod") {
-        cases.push((
-            o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            true,
-            vec![],
-        ));
+    if !failures.is_empty() {
+        bail!(
+            "{} CEL expression(s) where kubectl-dra and kube-scheduler disagree:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
     }
-    let trn1 = kit::example(
+    // Compared above, claim by claim; the batch's pods need not go through
+    // the generic check of [`super::agreement`] a second time.
+    kit::delete_all_pods(tb, ns, SETTLE).await
+}
+
+/// Every trn2 EFA held by one claim; a second claim that wants one of them
+/// stays Pending, and explain names the holder.
+async fn held_by_another_claim(tb: &impl Testbed, ns: &str) -> Result<()> {
+    let efa = DriverKind::Efa.driver_name();
+    let trn2_efa = json!([{"cel": {"expression": format!("device.attributes[\"{efa}\"].instanceType == \"trn2.48xlarge\"")}}]);
+    let claim = |name: &str, request: serde_json::Value| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [request]}},
+        })
+    };
+    kit::apply_all(
         tb,
-        &examples.join("neuron/neuron-4-chips-with-efas.yaml"),
-        Some("trn1"),
-    )?;
-    kit::apply_all(tb, ns, &trn1).await?;
-    cases.push((
-        "neuron-4-chips-with-efas".into(),
-        false,
-        vec![
-            "matchAttribute".into(),
-            "resource.aws.com/devicegroup4_id".into(),
-            "\"efas\" has 2 of 4".into(),
+        ns,
+        &[
+            claim("holder", json!({"name": "efas", "exactly": {"deviceClassName": efa, "allocationMode": "All", "selectors": trn2_efa}})),
+            kit::pod_with_claim(tb, "holder", None, Some("holder"), Some("trn2")),
         ],
-    ));
-    // All EFAs of p5 across its eight roots, paired with a GPU on one root.
+    )
+    .await?;
+    kit::running(tb, ns, "holder", super::allocate::RUNNING).await?;
     kit::apply_all(
         tb,
         ns,
         &[
             claim(
-                "all-across-roots",
-                json!([
-                    {"name": "gpu", "exactly": {"deviceClassName": GPU}},
-                    {"name": "efas", "exactly": {"deviceClassName": EFA, "allocationMode": "All"}},
-                ]),
-                json!([{"requests": ["gpu", "efas"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}]),
+                "wants-one",
+                json!({"name": "efa", "exactly": {"deviceClassName": efa, "selectors": trn2_efa}}),
             ),
-            kit::pod_with_claim(tb, "all-across-roots", None, Some("all-across-roots"), Some("p5")),
-        ],
-    )
-    .await?;
-    cases.push((
-        "all-across-roots".into(),
-        false,
-        vec![
-            "resource.kubernetes.io/pcieRoot".into(),
-            "(all matching devices)".into(),
-        ],
-    ));
-    // Every trn2 EFA held by one claim; a second claim wants one of them.
-    let trn2_efa = json!([{"cel": {"expression": "device.attributes[\"efa.networking.k8s.aws\"].instanceType == \"trn2.48xlarge\""}}]);
-    kit::apply_all(
-        tb,
-        ns,
-        &[
-            claim("holder", json!([{"name": "efas", "exactly": {"deviceClassName": EFA, "allocationMode": "All", "selectors": trn2_efa}}]), json!([])),
-            kit::pod_with_claim(tb, "holder", None, Some("holder"), Some("trn2")),
-        ],
-    )
-    .await?;
-    cases.push(("holder".into(), true, vec![]));
-    settle(tb, ns, "holder").await?;
-    kit::apply_all(
-        tb,
-        ns,
-        &[
-            claim("wants-one", json!([{"name": "efa", "exactly": {"deviceClassName": EFA, "selectors": trn2_efa}}]), json!([])),
             kit::pod_with_claim(tb, "wants-one", None, Some("wants-one"), None),
         ],
     )
     .await?;
-    cases.push((
-        "wants-one".into(),
-        false,
-        vec![format!("already allocated to claim {ns}/holder")],
-    ));
-
-    for (pod, scheduled, words) in &cases {
-        let placed = settle(tb, ns, pod).await?;
-        let reports = explain_pod(tb, ns, pod).await?;
-        let text: String = reports
-            .iter()
-            .map(kubectl_dra::render::explanation)
-            .collect();
-        println!("--- {pod}: scheduler {placed:?}\n{text}");
-        match (&placed, scheduled) {
-            (Placed::Allocated(..), true) => {
-                if !reports
-                    .iter()
-                    .all(|r| r.allocatable == Allocatable::Allocated)
-                {
-                    failures.push(format!("{pod}: scheduled, but explain says\n{text}"));
-                }
-            }
-            (Placed::Pending(_), false) => {
-                if !reports.iter().any(|r| r.allocatable == Allocatable::No) {
-                    failures.push(format!("{pod}: Pending, but explain says\n{text}"));
-                }
-                for w in words {
-                    if !text.contains(w.as_str()) {
-                        failures.push(format!("{pod}: the reason lacks {w:?}:\n{text}"));
-                    }
-                }
-            }
-            (other, _) => failures.push(format!(
-                "{pod}: the scheduler did {other:?}, the scenario expects scheduled={scheduled}"
-            )),
-        }
-    }
-    kit::delete_all_pods(tb, ns, SETTLE).await?;
-    Ok(failures)
+    let (_, _, explained) = stays_pending(tb, ns, "wants-one").await?;
+    agreement::names_the_reason(
+        "wants-one",
+        &explained,
+        &[
+            &format!("already allocated to claim {ns}/holder"),
+            "trn2.48xlarge",
+        ],
+    )
 }
 
-async fn run(tb: &LocalTestbed) -> Result<Vec<String>> {
+pub async fn explain_agreement(tb: &impl Testbed, ns: &str) -> Result<()> {
     tb.ensure_node(
         "trn1",
         "trn1.32xlarge",
@@ -586,28 +485,6 @@ async fn run(tb: &LocalTestbed) -> Result<Vec<String>> {
     )
     .await
     .context("adding node trn1")?;
-    let mut failures = cel_differential(tb).await?;
-    failures.extend(verdicts(tb).await?);
-    Ok(failures)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn explain_agrees_with_kube_scheduler() {
-    let tb = match LocalTestbed::start(LocalOptions::default()).await {
-        Ok(tb) => tb,
-        Err(e) => panic!("bringing up the local cluster: {e}"),
-    };
-    let result = run(&tb).await;
-    let report = tb.shutdown();
-    let failures = match result {
-        Ok(f) => f,
-        Err(e) => vec![format!("{e:#}")],
-    };
-    assert!(report.is_clean(), "teardown left {report:?}");
-    assert!(
-        failures.is_empty(),
-        "{} disagreement(s):\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    cel_differential(tb, ns).await?;
+    held_by_another_claim(tb, ns).await
 }

@@ -1,0 +1,158 @@
+//! The driver benchmark's result: JSON for the history, a table for people.
+
+use serde::Serialize;
+
+use super::measure::{RequestCounts, Stats};
+use super::rounds::Round;
+
+/// Everything measured of one driver.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct DriverFigures {
+    pub label: String,
+    pub driver: String,
+    pub binary_bytes: u64,
+    /// Process spawn → its pool complete in the API (watch event), ms.
+    pub start_to_pool_ms: f64,
+    /// Kubelet-measured NodePrepareResources, ms (single-call rounds).
+    pub prepare_ms: Stats,
+    /// Kubelet-measured NodeUnprepareResources, ms (single-call rounds).
+    pub unprepare_ms: Stats,
+    /// Rounds in which kubelet called prepare or unprepare more than once.
+    pub rounds_with_retries: usize,
+    /// Pod observed scheduled → observed Running, ms.
+    pub scheduled_to_running_ms: Stats,
+    pub rss_idle_kib: u64,
+    pub rss_after_kib: u64,
+    /// `VmHWM`: the peak resident set over the whole run.
+    pub rss_peak_kib: u64,
+    /// Requests of the driver's identity in the steady window.
+    pub steady_requests: RequestCounts,
+}
+
+/// The driver benchmark's output (`.e2e/bench-<version>.json`).
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct BenchReport {
+    pub kubernetes_version: String,
+    pub node: String,
+    pub instance_type: String,
+    pub rounds: usize,
+    pub steady_secs: u64,
+    pub finished_unix: f64,
+    pub ours: DriverFigures,
+    pub reference: DriverFigures,
+    pub rounds_detail: Vec<Round>,
+    pub run_dir: String,
+}
+
+fn ratio(ours: f64, reference: f64) -> String {
+    if reference > 0.0 {
+        format!("{:.2}x", ours / reference)
+    } else {
+        "-".into()
+    }
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+impl BenchReport {
+    /// The table `cargo xtask bench` prints.
+    pub fn table(&self) -> Vec<String> {
+        let (o, r) = (&self.ours, &self.reference);
+        let mut rows: Vec<(String, String, String, String)> = Vec::new();
+        let mut row = |name: &str, a: f64, b: f64, unit: &str, digits: usize| {
+            rows.push((
+                name.to_string(),
+                format!("{a:.digits$} {unit}"),
+                format!("{b:.digits$} {unit}"),
+                ratio(a, b),
+            ));
+        };
+        for (name, a, b) in [
+            ("NodePrepareResources", &o.prepare_ms, &r.prepare_ms),
+            ("NodeUnprepareResources", &o.unprepare_ms, &r.unprepare_ms),
+        ] {
+            row(&format!("{name} mean"), a.mean, b.mean, "ms", 2);
+            row(&format!("{name} p50"), a.p50, b.p50, "ms", 2);
+            row(&format!("{name} p99"), a.p99, b.p99, "ms", 2);
+        }
+        let (a, b) = (&o.scheduled_to_running_ms, &r.scheduled_to_running_ms);
+        row("pod scheduled -> running mean", a.mean, b.mean, "ms", 0);
+        row("pod scheduled -> running p50", a.p50, b.p50, "ms", 0);
+        row("pod scheduled -> running p99", a.p99, b.p99, "ms", 0);
+        row(
+            "RSS idle",
+            mib(o.rss_idle_kib),
+            mib(r.rss_idle_kib),
+            "MiB",
+            1,
+        );
+        row(
+            "RSS after the rounds",
+            mib(o.rss_after_kib),
+            mib(r.rss_after_kib),
+            "MiB",
+            1,
+        );
+        row(
+            "RSS peak (VmHWM)",
+            mib(o.rss_peak_kib),
+            mib(r.rss_peak_kib),
+            "MiB",
+            1,
+        );
+        row(
+            "start -> complete pool",
+            o.start_to_pool_ms,
+            r.start_to_pool_ms,
+            "ms",
+            0,
+        );
+        row(
+            "binary",
+            o.binary_bytes as f64 / 1048576.0,
+            r.binary_bytes as f64 / 1048576.0,
+            "MiB",
+            1,
+        );
+        let (a, b) = (&o.steady_requests, &r.steady_requests);
+        let w = self.steady_secs;
+        rows.push((
+            format!("API requests in {w} s idle (read/watch/write)"),
+            format!("{}/{}/{}", a.reads, a.watches, a.writes),
+            format!("{}/{}/{}", b.reads, b.watches, b.writes),
+            "-".into(),
+        ));
+        let mut out = vec![format!(
+            "Kubernetes {}, node {} ({}), {} rounds per driver (samples: ours {}, reference {}; rounds with a retried call: {} / {})",
+            self.kubernetes_version,
+            self.node,
+            self.instance_type,
+            self.rounds,
+            o.prepare_ms.n,
+            r.prepare_ms.n,
+            o.rounds_with_retries,
+            r.rounds_with_retries
+        )];
+        out.push(format!(
+            "{:<46} {:>16} {:>16} {:>8}",
+            "figure", "ours (release)", "Go reference", "ours/Go"
+        ));
+        for (name, a, b, q) in rows {
+            out.push(format!("{name:<46} {a:>16} {b:>16} {q:>8}"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratio_is_ours_over_reference() {
+        assert_eq!(ratio(5.0, 10.0), "0.50x");
+        assert_eq!(ratio(1.0, 0.0), "-");
+    }
+}

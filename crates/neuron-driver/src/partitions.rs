@@ -1,0 +1,287 @@
+//! NeuronCores as partitions of a chip.
+//!
+//! Where the API server serves partitionable devices (`DRAPartitionableDevices`,
+//! beta and on from 1.36), each chip is published twice over: as its
+//! whole-chip device `neuron-device-N` and as one device per physical
+//! NeuronCore, `neuron-device-N-core-K`. All of them draw on the chip's
+//! counter set (named like the chip device), which holds one counter per
+//! core (`core-K`, value 1):
+//! - a core device consumes its own core's counter;
+//! - the whole-chip device consumes every core's counter.
+//!
+//! So the scheduler can hand out cores of a chip to several claims, or the
+//! whole chip to one, never both, and never one core twice.
+//!
+//! On older servers (1.34, 1.35 with default gates) the fields would be
+//! dropped on write, so only whole chips are published, without counters,
+//! exactly as before. Which mode is used is chosen at start-up:
+//! `--partitions auto` (default) asks the API server
+//! ([`dra_core::api_probe`]); `chips` and `cores` force one.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use dra_core::ApiSupport;
+use dra_core::attributes::int;
+use k8s_openapi::api::resource::v1::{
+    Counter, CounterSet, Device, DeviceCapacity, DeviceCounterConsumption,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::attributes::{chip_device, device_name};
+use crate::discovery::{NeuronChip, NodeInventory};
+use crate::lnc::supports_lnc2;
+
+/// `resourceType` of a core device (a chip's is
+/// [`crate::attributes::RESOURCE_TYPE`]).
+pub const CORE_RESOURCE_TYPE: &str = "neuron_core";
+
+/// `--partitions`: what to publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PartitionsFlag {
+    /// Cores too where the API server serves partitionable devices, else
+    /// whole chips only (`discover`, which asks no server: whole chips).
+    #[default]
+    Auto,
+    /// Whole chips only.
+    Chips,
+    /// Whole chips and their cores, sharing the chip's counters.
+    Cores,
+}
+
+/// The neuron driver's own flags of `run` and `discover`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct NeuronFlags {
+    /// Publish NeuronCores as partitions of their chip: auto, chips or cores.
+    #[arg(long, env = "NEURON_PARTITIONS", value_enum, default_value_t = PartitionsFlag::Auto)]
+    pub partitions: PartitionsFlag,
+}
+
+/// What is published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PartitionMode {
+    /// One device per chip (every API server).
+    #[default]
+    Chips,
+    /// One device per chip and one per core, on the chip's counter set.
+    Cores,
+}
+
+impl fmt::Display for PartitionMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PartitionMode::Chips => "chips",
+            PartitionMode::Cores => "cores",
+        })
+    }
+}
+
+/// The mode for a flag and what the API server supports, with the reason
+/// (logged once at start-up).
+pub fn resolve(flag: PartitionsFlag, support: &ApiSupport) -> (PartitionMode, String) {
+    match (flag, support.partitionable_devices) {
+        (PartitionsFlag::Chips, _) => (PartitionMode::Chips, "--partitions chips".into()),
+        (PartitionsFlag::Cores, Some(false)) => (
+            PartitionMode::Cores,
+            format!(
+                "--partitions cores, although {}: the API server will drop the cores' counters, \
+                 so core devices and whole chips could be allocated twice; use auto or chips here",
+                support.reason
+            ),
+        ),
+        (PartitionsFlag::Cores, _) => (PartitionMode::Cores, "--partitions cores".into()),
+        (PartitionsFlag::Auto, Some(true)) => (
+            PartitionMode::Cores,
+            format!("--partitions auto: {}", support.reason),
+        ),
+        (PartitionsFlag::Auto, _) => (
+            PartitionMode::Chips,
+            format!("--partitions auto: {}", support.reason),
+        ),
+    }
+}
+
+/// `neuron-device-<chip>-core-<core>`.
+pub fn core_device_name(chip: u32, core: u32) -> String {
+    format!("{}-core-{core}", device_name(chip))
+}
+
+/// A device name we publish, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceRef {
+    /// A whole chip.
+    Chip(u32),
+    /// Core `core` (physical, within the chip) of chip `chip`.
+    Core { chip: u32, core: u32 },
+}
+
+fn parse_index(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0'))
+    {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Parses `neuron-device-N` and `neuron-device-N-core-K`.
+pub fn parse_device_ref(name: &str) -> Option<DeviceRef> {
+    let rest = name.strip_prefix(crate::attributes::DEVICE_NAME_PREFIX)?;
+    match rest.split_once("-core-") {
+        None => parse_index(rest).map(DeviceRef::Chip),
+        Some((chip, core)) => Some(DeviceRef::Core {
+            chip: parse_index(chip)?,
+            core: parse_index(core)?,
+        }),
+    }
+}
+
+/// The name of a chip's counter set (the chip's device name).
+pub fn counter_set_name(chip: u32) -> String {
+    device_name(chip)
+}
+
+fn counter_name(core: u32) -> String {
+    format!("core-{core}")
+}
+
+fn one() -> Counter {
+    Counter {
+        value: Quantity("1".into()),
+    }
+}
+
+/// A chip's counter set: one counter of 1 per physical core.
+pub fn counter_set(chip: &NeuronChip) -> CounterSet {
+    CounterSet {
+        name: counter_set_name(chip.index),
+        counters: (0..chip.core_count)
+            .map(|k| (counter_name(k), one()))
+            .collect(),
+    }
+}
+
+/// The device of core `core` of `chip`: the chip's attributes (device
+/// groups, PCI placement, instance type: a core is where its chip is), with
+/// `resourceType: neuron_core`, `coreId` (the core's node-wide index at
+/// LNC=1, as `NEURON_RT_VISIBLE_CORES` counts) and, on chips that support
+/// LNC=2, `lnc2CoreId` (the index of the logical core the core belongs to
+/// at LNC=2: two cores with the same value form one such logical core).
+pub fn core_device(chip_dev: &Device, chip: &NeuronChip, core: u32) -> Device {
+    let mut attrs = chip_dev.attributes.clone().unwrap_or_default();
+    attrs.insert(
+        "resourceType".into(),
+        dra_core::attributes::string(CORE_RESOURCE_TYPE),
+    );
+    attrs.remove("coreCount");
+    attrs.insert("coreId".into(), int(chip.index * chip.core_count + core));
+    if supports_lnc2(chip) {
+        attrs.insert(
+            "lnc2CoreId".into(),
+            int(chip.index * (chip.core_count / 2) + core / 2),
+        );
+    }
+    let capacity: BTreeMap<String, DeviceCapacity> = [(
+        "cores".to_owned(),
+        DeviceCapacity {
+            value: Quantity("1".into()),
+            ..Default::default()
+        },
+    )]
+    .into_iter()
+    .collect();
+    Device {
+        name: core_device_name(chip.index, core),
+        attributes: Some(attrs),
+        capacity: Some(capacity),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: counter_set_name(chip.index),
+            counters: [(counter_name(core), one())].into_iter().collect(),
+        }]),
+        ..Default::default()
+    }
+}
+
+/// Every device of the node in `mode`: whole chips, plus in
+/// [`PartitionMode::Cores`] each chip's cores, with the chips consuming all
+/// of their counters.
+pub fn devices(inventory: &NodeInventory, mode: PartitionMode) -> Vec<Device> {
+    let torus = inventory.is_torus_4x4();
+    let mut out = Vec::new();
+    for chip in &inventory.chips {
+        let mut chip_dev = chip_device(inventory, chip, torus);
+        if mode == PartitionMode::Cores {
+            out.extend((0..chip.core_count).map(|k| core_device(&chip_dev, chip, k)));
+            chip_dev.consumes_counters = Some(vec![DeviceCounterConsumption {
+                counter_set: counter_set_name(chip.index),
+                counters: counter_set(chip).counters,
+            }]);
+        }
+        out.push(chip_dev);
+    }
+    out
+}
+
+/// The counter sets of the node in `mode` (none for whole chips only).
+pub fn counter_sets(inventory: &NodeInventory, mode: PartitionMode) -> Vec<CounterSet> {
+    match mode {
+        PartitionMode::Chips => Vec::new(),
+        PartitionMode::Cores => inventory.chips.iter().map(counter_set).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        assert_eq!(core_device_name(15, 7), "neuron-device-15-core-7");
+        assert_eq!(
+            parse_device_ref("neuron-device-3"),
+            Some(DeviceRef::Chip(3))
+        );
+        assert_eq!(
+            parse_device_ref("neuron-device-15-core-7"),
+            Some(DeviceRef::Core { chip: 15, core: 7 })
+        );
+        for bad in [
+            "neuron-device-",
+            "neuron-device-1-core-",
+            "neuron-device-1-core-07",
+            "neuron-device-01-core-1",
+            "neuron-device-1-core-x",
+            "neuron-device-1-cores-1",
+            "efa-0",
+        ] {
+            assert_eq!(parse_device_ref(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn mode_follows_flag_then_server() {
+        let yes = ApiSupport {
+            partitionable_devices: Some(true),
+            reason: "kept".into(),
+        };
+        let no = ApiSupport {
+            partitionable_devices: Some(false),
+            reason: "dropped".into(),
+        };
+        let unknown = ApiSupport::unknown();
+        let cases = [
+            (PartitionsFlag::Auto, &yes, PartitionMode::Cores),
+            (PartitionsFlag::Auto, &no, PartitionMode::Chips),
+            (PartitionsFlag::Auto, &unknown, PartitionMode::Chips),
+            (PartitionsFlag::Chips, &yes, PartitionMode::Chips),
+            (PartitionsFlag::Cores, &no, PartitionMode::Cores),
+            (PartitionsFlag::Cores, &unknown, PartitionMode::Cores),
+        ];
+        for (flag, support, want) in cases {
+            let (mode, reason) = resolve(flag, support);
+            assert_eq!(mode, want, "{flag:?} {support:?}");
+            assert!(!reason.is_empty());
+        }
+        assert!(resolve(PartitionsFlag::Cores, &no).1.contains("twice"));
+        assert!(resolve(PartitionsFlag::Auto, &no).1.contains("dropped"));
+    }
+}

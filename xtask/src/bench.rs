@@ -1,0 +1,177 @@
+//! `cargo xtask bench`: performance figures on the local cluster, reported
+//! and written as JSON for the history, never asserted (docs/performance.md).
+//!
+//! - `cargo xtask bench [--rounds N] [--steady-secs S]`: our EFA driver
+//!   (release build, as the image ships it) against the reference Go driver
+//!   of `e2e/go/refdriver`, side by side on node p5, alternating rounds
+//!   (`e2e::bench`). Writes `<work-dir>/bench-<version>.json`.
+//! - `cargo xtask bench fleet [--nodes 50,200,500]`: simulated nodes'
+//!   publishers against one API server (`e2e::bench::fleet`). Writes
+//!   `<work-dir>/bench-fleet-<version>.json`.
+//!
+//! Both start a local cluster: run them under `flock /tmp/aws-dra-e2e.lock`
+//! on a shared machine, as the end-to-end suite.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    drivers: DriverArgs,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchCommand {
+    /// Simulated nodes' slice publishers against one API server.
+    Fleet(FleetArgs),
+}
+
+#[derive(clap::Args)]
+struct Common {
+    /// Kubernetes release (a minor such as `1.37` or `1.34`, or an exact version).
+    #[arg(long, default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    kubernetes: String,
+    /// Where the JSON report goes (relative to the repository root).
+    #[arg(long, default_value = ".e2e")]
+    work_dir: PathBuf,
+    /// Use the release `efa-driver` already built next to xtask (no cargo
+    /// build): a cargo started from `cargo xtask` sees another environment
+    /// and may rebuild the TLS stack, which is slow on a small machine.
+    #[arg(long)]
+    no_build: bool,
+}
+
+#[derive(clap::Args)]
+struct DriverArgs {
+    /// Rounds per driver (one pod with one one-device claim each).
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// The idle window in which each driver's API requests are counted.
+    #[arg(long, default_value_t = 600)]
+    steady_secs: u64,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(clap::Args)]
+struct FleetArgs {
+    /// Fleet sizes, comma-separated, run one after the other.
+    #[arg(long, value_delimiter = ',', default_values_t = [50usize, 200, 500])]
+    nodes: Vec<usize>,
+    /// The steady window per size in which the fleet's requests are counted.
+    #[arg(long, default_value_t = 60)]
+    steady_secs: u64,
+    /// How long after the API server restart the storm is recorded.
+    #[arg(long, default_value_t = 60)]
+    storm_secs: u64,
+    #[command(flatten)]
+    common: Common,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    match args.command {
+        Some(BenchCommand::Fleet(fleet)) => run_fleet(fleet),
+        None => run_drivers(args.drivers),
+    }
+}
+
+/// The cluster's components and helm (as `cargo xtask e2e` builds them),
+/// and `efa-driver` with the image's release profile and flags (only that
+/// package: the benchmark runs nothing else). Returns the release directory.
+fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)> {
+    let root = crate::paths::repo_root();
+    let version = e2e::KubernetesVersion::resolve(&common.kubernetes)?;
+    let t = Instant::now();
+    e2e::toolchain::ensure_built(e2e::toolchain::BuildOptions {
+        kubernetes_version: version.clone(),
+        install_host_packages: true,
+        progress: Box::new(move |line| {
+            eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
+        }),
+    })
+    .context("building the local cluster's components")?;
+    crate::helm::ensure(&root)?;
+    if !common.no_build {
+        let status = Command::new("cargo")
+            .current_dir(&root)
+            .args(["build", "--release", "--locked", "-p", "efa-driver"])
+            .status()
+            .context("running cargo build")?;
+        if !status.success() {
+            bail!("cargo build --release -p efa-driver failed ({status})");
+        }
+    }
+    let exe = std::env::current_exe().context("locating the xtask binary")?;
+    let bin_dir = exe
+        .parent()
+        .map(|d| d.with_file_name("release"))
+        .context("xtask binary has no directory")?;
+    if !bin_dir.join("efa-driver").is_file() {
+        bail!("no release efa-driver in {}", bin_dir.display());
+    }
+    let work = root.join(&common.work_dir);
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    Ok((bin_dir, version, work))
+}
+
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("==> bench: wrote {}", path.display());
+    Ok(())
+}
+
+fn run_drivers(args: DriverArgs) -> Result<()> {
+    let (bin_dir, version, work) = prepare(&args.common)?;
+    let t = Instant::now();
+    let mut progress: e2e::go_build::Progress = Box::new(move |line: &str| {
+        eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
+    });
+    let refdriver = e2e::bench::refdriver::build(&mut progress)
+        .context("building the reference Go driver (e2e/go/refdriver)")?;
+    let options = e2e::bench::BenchOptions {
+        rounds: args.rounds,
+        steady: Duration::from_secs(args.steady_secs),
+        kubernetes_version: version.clone(),
+        bin_dir,
+        refdriver,
+    };
+    eprintln!(
+        "==> bench: Kubernetes {version}, {} rounds per driver, {} s steady window",
+        args.rounds, args.steady_secs
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(e2e::bench::run(&options))?;
+    for line in report.table() {
+        println!("{line}");
+    }
+    write_json(&work.join(format!("bench-{version}.json")), &report)
+}
+
+fn run_fleet(args: FleetArgs) -> Result<()> {
+    let (bin_dir, version, work) = prepare(&args.common)?;
+    let options = e2e::bench::fleet::FleetOptions {
+        nodes: args.nodes,
+        steady: Duration::from_secs(args.steady_secs),
+        storm_window: Duration::from_secs(args.storm_secs),
+        kubernetes_version: version.clone(),
+        efa_driver: bin_dir.join("efa-driver"),
+    };
+    eprintln!(
+        "==> bench fleet: Kubernetes {version}, sizes {:?}",
+        options.nodes
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(e2e::bench::fleet::run(&options))?;
+    for line in report.table() {
+        println!("{line}");
+    }
+    write_json(&work.join(format!("bench-fleet-{version}.json")), &report)
+}
