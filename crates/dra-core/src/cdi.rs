@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::atomic::{remove_if_exists, write_atomically};
+use crate::atomic::{Staged, commit, remove_if_exists, stage};
 use crate::driver::{ContainerEdits, DeviceEdits};
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +92,18 @@ impl CdiWriter {
 
     /// Writes the claim's spec atomically and returns its path.
     pub fn write(&self, claim_uid: &str, devices: &[DeviceEdits]) -> Result<PathBuf, CdiError> {
+        let (path, staged) = self.stage(claim_uid, devices)?;
+        commit(vec![staged]).map_err(|(path, source)| CdiError::Write { path, source })?;
+        Ok(path)
+    }
+
+    /// The claim's spec written beside its final path, to be put in place
+    /// with the checkpoint ([`crate::atomic::commit`]).
+    pub(crate) fn stage(
+        &self,
+        claim_uid: &str,
+        devices: &[DeviceEdits],
+    ) -> Result<(PathBuf, Staged), CdiError> {
         let devices: Vec<SpecDevice<'_>> = devices
             .iter()
             .map(|d| SpecDevice {
@@ -106,13 +118,13 @@ impl CdiWriter {
         };
         let bytes = serde_json::to_vec_pretty(&spec)?;
         let path = self.spec_path(claim_uid);
-        std::fs::create_dir_all(&self.root)
-            .and_then(|()| write_atomically(&path, &bytes))
+        let staged = std::fs::create_dir_all(&self.root)
+            .and_then(|()| stage(&path, &bytes))
             .map_err(|source| CdiError::Write {
                 path: path.clone(),
                 source,
             })?;
-        Ok(path)
+        Ok((path, staged))
     }
 
     pub fn remove(&self, path: &Path) -> Result<(), CdiError> {

@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::atomic::{remove_if_exists, write_atomically};
+use crate::atomic::{Staged, commit, remove_if_exists, stage};
 use crate::driver::PreparedDevice;
 use crate::metrics::PluginMetrics;
 
@@ -206,14 +206,24 @@ impl CheckpointStore {
     }
 
     pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        self.save_with(checkpoint, Vec::new())
+    }
+
+    /// Saves the checkpoint together with `before` (CDI specs it names):
+    /// those are renamed first, so the checkpoint never names a spec that
+    /// is not there, and the disk is waited on twice for all of them.
+    pub(crate) fn save_with(
+        &self,
+        checkpoint: &Checkpoint,
+        mut before: Vec<Staged>,
+    ) -> Result<(), CheckpointError> {
         let bytes = serde_json::to_vec_pretty(checkpoint)?;
-        write_atomically(&self.path, &bytes).map_err(|source| {
+        let failed = |path: PathBuf, source| {
             self.metrics.checkpoint_error("write");
-            CheckpointError::Write {
-                path: self.path.clone(),
-                source,
-            }
-        })?;
+            CheckpointError::Write { path, source }
+        };
+        before.push(stage(&self.path, &bytes).map_err(|e| failed(self.path.clone(), e))?);
+        commit(before).map_err(|(path, e)| failed(path, e))?;
         self.metrics.prepared(checkpoint);
         Ok(())
     }

@@ -10,6 +10,9 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 
+/// The longest [`KubeClaimSource::warm_up`] may hold up the start.
+const WARM_UP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A failed claim lookup (not "not found", which is `Ok(None)`).
 #[derive(Debug, thiserror::Error)]
 #[error("reading ResourceClaim {namespace}/{name}: {message}")]
@@ -35,8 +38,31 @@ pub struct KubeClaimSource {
 }
 
 impl KubeClaimSource {
+    /// Give it a client of its own (not a clone of the publisher's): the
+    /// client speaks HTTP/1.1, a watch holds a connection for good, and a
+    /// GET that finds no idle connection in its pool pays a new TCP and TLS
+    /// handshake inside kubelet's prepare call.
     pub fn new(client: kube::Client) -> Self {
         Self { client }
+    }
+
+    /// Opens the connection prepare will use, so that the first prepare
+    /// after start does not pay for the handshake (`GET /version`, which
+    /// every authenticated client may read). Failure is only logged: the
+    /// next GET connects again.
+    pub async fn warm_up(&self) {
+        let started = std::time::Instant::now();
+        let version = self.client.apiserver_version();
+        match tokio::time::timeout(WARM_UP_TIMEOUT, version).await {
+            Ok(Ok(_)) => tracing::debug!(
+                seconds = started.elapsed().as_secs_f64(),
+                "claim client connected"
+            ),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "claim client warm-up failed; prepare will connect")
+            }
+            Err(_) => tracing::debug!("claim client warm-up timed out; prepare will connect"),
+        }
     }
 }
 

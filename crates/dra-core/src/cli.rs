@@ -18,6 +18,7 @@ use prometheus::Registry;
 
 use crate::inventory::HostPaths;
 use crate::ops::DEFAULT_METRICS_ADDRESS;
+use crate::plugin::DEFAULT_DEVICE_RELEASE_WAIT;
 use crate::rescan::{DEFAULT_RESCAN_INTERVAL, RescanConfig, UEVENT_SETTLE};
 use crate::runtime::RuntimeOptions;
 
@@ -124,6 +125,11 @@ pub struct RunArgs {
     #[arg(long, env = "RESCAN_INTERVAL_SECONDS", default_value_t = DEFAULT_RESCAN_INTERVAL.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..))]
     pub rescan_interval: u64,
+    /// Seconds a prepare waits for the claim that still holds one of its
+    /// devices to be unprepared (a force-deleted pod's claim, released
+    /// before kubelet unprepared it) before refusing; 0 refuses at once.
+    #[arg(long, env = "DEVICE_RELEASE_WAIT_SECONDS", default_value_t = DEFAULT_DEVICE_RELEASE_WAIT.as_secs())]
+    pub device_release_wait: u64,
 }
 
 /// Flags of `discover` only.
@@ -173,6 +179,7 @@ impl<X: Args> RunCommand<X> {
             allow_device_plugin_coexistence: self.run.allow_device_plugin_coexistence,
             device_plugin_resources,
             metrics,
+            device_release_wait: Duration::from_secs(self.run.device_release_wait),
         }
     }
 
@@ -417,7 +424,7 @@ mod tests {
     const DRIVER: &str = "efa.networking.k8s.aws";
 
     /// Every environment variable the CLI reads.
-    const ENV_TWINS: [&str; 15] = [
+    const ENV_TWINS: [&str; 16] = [
         "SYSFS_ROOT",
         "DEV_ROOT",
         "NODE_NAME",
@@ -432,6 +439,7 @@ mod tests {
         "KUBECONFIG",
         "ALLOW_DEVICE_PLUGIN_COEXISTENCE",
         "RESCAN_INTERVAL_SECONDS",
+        "DEVICE_RELEASE_WAIT_SECONDS",
         "OUTPUT_FORMAT",
     ];
     const CHILD_MARKER: &str = "DRA_CORE_CLI_ENV_CHILD";
@@ -506,6 +514,22 @@ mod tests {
             ])
             .is_err()
         );
+    }
+
+    /// `--device-release-wait`: 10 s by default, 0 allowed (refuse at once).
+    #[test]
+    fn device_release_wait_flag() {
+        let r = run_of(parse(&["x", "--node-name", "n1"]).expect("parse"));
+        let o = r.runtime_options(&[], Registry::new());
+        assert_eq!(o.device_release_wait, Duration::from_secs(10));
+        for (arg, want) in [("0", 0), ("3", 3)] {
+            let r = run_of(
+                parse(&["x", "--node-name", "n1", "--device-release-wait", arg]).expect("parse"),
+            );
+            let o = r.runtime_options(&[], Registry::new());
+            assert_eq!(o.device_release_wait, Duration::from_secs(want));
+        }
+        assert!(parse(&["x", "--node-name", "n1", "--device-release-wait", "-1"]).is_err());
     }
 
     #[test]
@@ -593,6 +617,7 @@ mod tests {
             ("KUBECONFIG", "/e/kubeconfig"),
             ("ALLOW_DEVICE_PLUGIN_COEXISTENCE", "true"),
             ("RESCAN_INTERVAL_SECONDS", "7"),
+            ("DEVICE_RELEASE_WAIT_SECONDS", "3"),
         ];
         let want = DriverCli {
             command: DriverCommand::Run(RunCommand {
@@ -614,6 +639,7 @@ mod tests {
                     kubeconfig: Some("/e/kubeconfig".into()),
                     allow_device_plugin_coexistence: true,
                     rescan_interval: 7,
+                    device_release_wait: 3,
                 },
                 extra: NoExtraArgs {},
             }),

@@ -25,6 +25,8 @@ pub struct PluginMetrics {
     /// `dra_prepared_devices`: devices of those claims (one per allocation
     /// result; a device an admin-access claim shares counts once per claim).
     prepared_devices: IntGauge,
+    /// Claims that waited for a device's release, by `result`.
+    release_waits: IntCounterVec,
 }
 
 impl PluginMetrics {
@@ -77,6 +79,15 @@ impl PluginMetrics {
             "dra_prepared_devices",
             "Devices of the claims prepared on this node, as the checkpoint records them.",
         )?;
+        let release_waits = IntCounterVec::new(
+            Opts::new(
+                "dra_plugin_device_release_waits_total",
+                "Claims whose device was still prepared for another claim, so that prepare \
+                 waited for its unprepare; by result (released: the device was freed in time, \
+                 timed_out: refused at the bound).",
+            ),
+            &["result"],
+        )?;
         registry.register(Box::new(claims.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
@@ -85,6 +96,7 @@ impl PluginMetrics {
         registry.register(Box::new(checkpoint_errors.clone()))?;
         registry.register(Box::new(prepared_claims.clone()))?;
         registry.register(Box::new(prepared_devices.clone()))?;
+        registry.register(Box::new(release_waits.clone()))?;
         Ok(Self {
             claims,
             duration,
@@ -94,6 +106,7 @@ impl PluginMetrics {
             checkpoint_errors,
             prepared_claims,
             prepared_devices,
+            release_waits,
         })
     }
 
@@ -116,6 +129,11 @@ impl PluginMetrics {
         if !ok {
             self.registration_failures.inc();
         }
+    }
+
+    pub(crate) fn release_wait_done(&self, released: bool) {
+        let result = if released { "released" } else { "timed_out" };
+        self.release_waits.with_label_values(&[result]).inc();
     }
 
     pub(crate) fn checkpoint_error(&self, reason: &str) {

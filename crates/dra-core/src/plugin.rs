@@ -36,6 +36,12 @@ use crate::metrics::PluginMetrics;
 use crate::proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg};
 use crate::state::{ClaimPipeline, PipelineError};
 
+/// Default of [`PluginOptions::device_release_wait`]: long enough for kubelet
+/// to stop a force-deleted pod's containers and unprepare its claim (about
+/// 2 s with kubelet's minimum grace), well under kubelet's timeout of a
+/// prepare call.
+pub const DEFAULT_DEVICE_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
 /// Where and as what the plugin serves.
 #[derive(Debug, Clone)]
 pub struct PluginOptions {
@@ -55,6 +61,10 @@ pub struct PluginOptions {
     pub boot_id_path: PathBuf,
     /// Time limits of every accepted connection, shutdown grace included.
     pub connections: ConnectionLimits,
+    /// How long a prepare waits for another claim that still holds one of
+    /// its devices to be unprepared before refusing (device reuse after a
+    /// force-deleted pod); zero refuses at once.
+    pub device_release_wait: Duration,
 }
 
 impl PluginOptions {
@@ -69,6 +79,7 @@ impl PluginOptions {
             pod_uid: None,
             boot_id_path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
             connections: ConnectionLimits::default(),
+            device_release_wait: DEFAULT_DEVICE_RELEASE_WAIT,
         }
     }
 
@@ -224,6 +235,8 @@ impl<D: Driver> KubeletPlugin<D> {
             ),
             lock: DataDirLock::new(&sockets.data_dir),
             metrics: self.metrics.clone(),
+            release_wait: self.options.device_release_wait,
+            released: tokio::sync::Notify::new(),
         });
         // The prepared gauges, from what an earlier run left prepared (a
         // failure here shows again, and is handled, at the first call).

@@ -63,6 +63,9 @@ pub struct RuntimeOptions {
     /// Where the driver registered its own metrics; the runtime adds its
     /// own and serves them all on `/metrics`.
     pub metrics: Registry,
+    /// How long a prepare waits for a held device's release (see
+    /// [`PluginOptions::device_release_wait`]).
+    pub device_release_wait: std::time::Duration,
 }
 
 impl RuntimeOptions {
@@ -82,6 +85,7 @@ impl RuntimeOptions {
         options.plugins_dir = self.kubelet_plugins_dir.clone();
         options.cdi_root = self.cdi_root.clone();
         options.pod_uid = self.pod_uid.clone().filter(|uid| !uid.is_empty());
+        options.device_release_wait = self.device_release_wait;
         options
     }
 }
@@ -146,7 +150,11 @@ pub async fn run<D: Driver>(
     let plugin_metrics = PluginMetrics::register(&registry)?;
     let publish_metrics = PublishMetrics::register(&registry)?;
 
-    let claims = Arc::new(KubeClaimSource::new(client.clone()));
+    // Its own client and connection, opened now (see KubeClaimSource::new).
+    let claims = Arc::new(KubeClaimSource::new(
+        kube_client(options.kubeconfig.as_deref()).await?,
+    ));
+    claims.warm_up().await;
     let plugin = KubeletPlugin::new(driver, claims, options.plugin_options(), plugin_metrics)
         .with_health(feeds.health)
         .start(shutdown.clone())

@@ -9,21 +9,39 @@
 //! claim.
 //! Unprepare works from the checkpoint alone. Failures are per claim; only
 //! lock or checkpoint I/O failures fail the whole call.
+//!
+//! Device reuse: when a pod is force-deleted, its claim can be released and
+//! its device allocated to the next claim on the node before kubelet has
+//! unprepared the old claim. Refusing at once made kubelet back off for
+//! about 84 s. Instead a claim whose device another claim (not one of this
+//! call) still holds waits up to `release_wait` for that unprepare: the lock
+//! is released while it waits, every unprepare of this process wakes it, and
+//! it re-checks every [`RELEASE_POLL`] for an unprepare by another process
+//! (seamless upgrade). Each check is made under the lock on a freshly read
+//! checkpoint, so a device is never prepared for two claims at once; if the
+//! holder is still there at the bound, the refusal is the one it always was.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::Notify;
 
+use crate::atomic::Staged;
 use crate::cdi::CdiWriter;
 use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, PreparedClaim};
 use crate::claims::{ClaimSource, ClaimSourceError};
 use crate::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, PreparedDevice};
 use crate::lock::{DataDirLock, LockError};
 use crate::metrics::PluginMetrics;
-use crate::resolve::resolve_claim;
+use crate::resolve::{ResolveError, resolve_claim};
+
+/// How often a prepare that waits for a device's release re-reads the
+/// checkpoint, for an unprepare made by another plugin instance (those of
+/// this process wake it at once).
+pub(crate) const RELEASE_POLL: Duration = Duration::from_millis(100);
 
 /// Why a whole call failed (kubelet then ignores the response and retries).
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +55,15 @@ pub(crate) enum PipelineError {
 /// Per-claim answer of prepare: the devices, or an actionable message.
 pub(crate) type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
 
+/// Why one claim was not prepared in one pass.
+enum Refusal {
+    /// Another claim (`holder_uid`) holds one of its devices; worth waiting
+    /// for unless that claim is part of the same call.
+    Held { holder_uid: String, message: String },
+    /// Anything else: final.
+    Final(String),
+}
+
 pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) driver_name: String,
     pub(crate) driver: Arc<D>,
@@ -45,6 +72,10 @@ pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) checkpoint: CheckpointStore,
     pub(crate) lock: DataDirLock,
     pub(crate) metrics: PluginMetrics,
+    /// How long a prepare waits for a held device's release before refusing.
+    pub(crate) release_wait: Duration,
+    /// Woken after every unprepare that removed claims from the checkpoint.
+    pub(crate) released: Notify,
 }
 
 impl<D: Driver> ClaimPipeline<D> {
@@ -52,6 +83,7 @@ impl<D: Driver> ClaimPipeline<D> {
         &self,
         requested: Vec<ClaimRef>,
     ) -> Result<BTreeMap<String, PrepareOutcome>, PipelineError> {
+        let call_started = Instant::now();
         let fetched: Vec<Result<Option<ResourceClaim>, ClaimSourceError>> = join_all(
             requested
                 .iter()
@@ -59,24 +91,130 @@ impl<D: Driver> ClaimPipeline<D> {
         )
         .await;
 
-        let _guard = self.lock.lock().await?;
-        let mut checkpoint = self.checkpoint.load()?;
-        let mut changed = false;
+        let called = Instant::now();
+        let get_seconds = called.duration_since(call_started).as_secs_f64();
+        let mut timings = PassTimings::default();
+        let deadline = tokio::time::Instant::now() + self.release_wait;
         let mut answers = BTreeMap::new();
-        for (claim, fetched) in requested.iter().zip(fetched) {
-            let started = Instant::now();
+        // Indices into `requested` of the claims still waiting for a device.
+        let mut pending: Vec<usize> = (0..requested.len()).collect();
+        let mut waited = false;
+        loop {
+            // Registered before the pass takes the lock: an unprepare that
+            // runs after the pass (it needs the lock) is never missed.
+            let released = self.released.notified();
+            let last_pass = tokio::time::Instant::now() >= deadline;
+            let waiting = self
+                .prepare_pass(
+                    &requested,
+                    &fetched,
+                    &pending,
+                    last_pass,
+                    waited.then_some(called),
+                )
+                .await?;
+            timings.add(&waiting.timings);
+            for (index, outcome) in waiting.answered {
+                answers.insert(requested[index].uid.clone(), outcome);
+            }
+            if waiting.held.is_empty() {
+                break;
+            }
+            if !waited {
+                for (index, holder_uid) in &waiting.held {
+                    let claim = &requested[*index];
+                    tracing::info!(
+                        claim_uid = claim.uid,
+                        claim = %format!("{}/{}", claim.namespace, claim.name),
+                        holder_uid,
+                        wait_seconds = self.release_wait.as_secs_f64(),
+                        "a device of this claim is still prepared for another claim; waiting for its unprepare"
+                    );
+                }
+            }
+            waited = true;
+            pending = waiting.held.into_iter().map(|(index, _)| index).collect();
+            let poll = tokio::time::Instant::now() + RELEASE_POLL;
+            tokio::select! {
+                () = released => {}
+                () = tokio::time::sleep_until(poll.min(deadline)) => {}
+            }
+        }
+        // Where the time of one call went, for latency work (kubelet
+        // measures the whole call; the per-claim line above only the claim).
+        tracing::debug!(
+            claims = requested.len(),
+            get_seconds,
+            lock_seconds = timings.lock,
+            load_seconds = timings.load,
+            claims_seconds = timings.claims,
+            save_seconds = timings.save,
+            total_seconds = call_started.elapsed().as_secs_f64(),
+            "prepare call timings"
+        );
+        Ok(answers)
+    }
+
+    /// One pass under the lock over the claims at `pending`: answers, and
+    /// the claims held by another claim that are worth another pass (none
+    /// when `last_pass`). `waited_since`: when the call began, once it
+    /// has waited (the claims' durations then include the wait).
+    async fn prepare_pass(
+        &self,
+        requested: &[ClaimRef],
+        fetched: &[Result<Option<ResourceClaim>, ClaimSourceError>],
+        pending: &[usize],
+        last_pass: bool,
+        waited_since: Option<Instant>,
+    ) -> Result<Pass, PipelineError> {
+        let mut pass = Pass::default();
+        let mut clock = Instant::now();
+        let mut lap = || {
+            let now = Instant::now();
+            let seconds = now.duration_since(clock).as_secs_f64();
+            clock = now;
+            seconds
+        };
+        let _guard = self.lock.lock().await?;
+        pass.timings.lock = lap();
+        let mut checkpoint = self.checkpoint.load()?;
+        pass.timings.load = lap();
+        let mut changed = false;
+        // CDI specs written for this pass, put in place with the checkpoint.
+        let mut specs = Vec::new();
+        for &index in pending {
+            let claim = &requested[index];
+            let started = waited_since.unwrap_or_else(Instant::now);
+            // Whether the claim is refused because the device stayed held.
+            let mut still_held = false;
             let outcome = match checkpoint.claims.get(&claim.uid) {
-                Some(done) => Ok(done.devices.clone()),
-                None => {
-                    let result = self.prepare_one(claim, fetched, &checkpoint).await;
-                    result.map(|prepared| {
+                Some(done) if spec_in_place(done) => Ok(done.devices.clone()),
+                _ => match self.prepare_one(claim, &fetched[index], &checkpoint).await {
+                    Ok((prepared, spec)) => {
                         let devices = prepared.devices.clone();
                         checkpoint.claims.insert(claim.uid.clone(), prepared);
+                        specs.extend(spec);
                         changed = true;
-                        devices
-                    })
-                }
+                        Ok(devices)
+                    }
+                    // A claim of this same call will not be unprepared
+                    // while we wait: refuse at once.
+                    Err(Refusal::Held { holder_uid, .. })
+                        if !last_pass && !requested.iter().any(|c| c.uid == holder_uid) =>
+                    {
+                        pass.held.push((index, holder_uid));
+                        continue;
+                    }
+                    Err(Refusal::Held { message, .. }) => {
+                        still_held = true;
+                        Err(message)
+                    }
+                    Err(Refusal::Final(message)) => Err(message),
+                },
             };
+            if waited_since.is_some() {
+                self.metrics.release_wait_done(!still_held);
+            }
             let seconds = started.elapsed().as_secs_f64();
             self.metrics.claim_done("prepare", outcome.is_ok(), seconds);
             match &outcome {
@@ -85,6 +223,7 @@ impl<D: Driver> ClaimPipeline<D> {
                     claim = %format!("{}/{}", claim.namespace, claim.name),
                     devices = devices.len(),
                     seconds,
+                    waited = waited_since.is_some(),
                     result = "success",
                     "prepare"
                 ),
@@ -93,34 +232,46 @@ impl<D: Driver> ClaimPipeline<D> {
                     claim = %format!("{}/{}", claim.namespace, claim.name),
                     error,
                     seconds,
+                    waited = waited_since.is_some(),
                     result = "error",
                     "prepare"
                 ),
             }
-            answers.insert(claim.uid.clone(), outcome);
+            pass.answered.push((index, outcome));
         }
+        pass.timings.claims = lap();
         if changed {
-            self.checkpoint.save(&checkpoint)?;
+            self.checkpoint.save_with(&checkpoint, specs)?;
         }
-        Ok(answers)
+        pass.timings.save = lap();
+        Ok(pass)
     }
 
     async fn prepare_one(
         &self,
         claim: &ClaimRef,
-        fetched: Result<Option<ResourceClaim>, ClaimSourceError>,
+        fetched: &Result<Option<ResourceClaim>, ClaimSourceError>,
         checkpoint: &Checkpoint,
-    ) -> Result<PreparedClaim, String> {
+    ) -> Result<(PreparedClaim, Option<Staged>), Refusal> {
         let who = format!("ResourceClaim {}/{}", claim.namespace, claim.name);
-        let object = fetched
-            .map_err(|e| format!("{e}; the API server must be reachable to prepare a claim"))?;
+        let object = fetched.as_ref().map_err(|e| {
+            Refusal::Final(format!(
+                "{e}; the API server must be reachable to prepare a claim"
+            ))
+        })?;
         let resolved = resolve_claim::<D::Config>(
             &self.driver_name,
             claim,
             object.as_ref(),
             &checkpoint.claims,
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            ResolveError::DeviceHeld { ref holder_uid, .. } => Refusal::Held {
+                holder_uid: holder_uid.clone(),
+                message: e.to_string(),
+            },
+            other => Refusal::Final(other.to_string()),
+        })?;
         let (allocated, request_names): (Vec<_>, Vec<_>) = resolved
             .into_iter()
             .map(|d| (d.allocated, d.request_names))
@@ -130,20 +281,23 @@ impl<D: Driver> ClaimPipeline<D> {
             .driver
             .prepare(claim, &allocated)
             .await
-            .map_err(|e| format!("{who}: preparing devices failed: {e}"))?;
-        check_edits(&allocated, &edits).map_err(|e| format!("{who}: driver bug: {e}"))?;
+            .map_err(|e| Refusal::Final(format!("{who}: preparing devices failed: {e}")))?;
+        check_edits(&allocated, &edits)
+            .map_err(|e| Refusal::Final(format!("{who}: driver bug: {e}")))?;
 
         // Spec devices in allocation order, whatever order the driver used.
         let ordered: Vec<DeviceEdits> = allocated
             .iter()
             .filter_map(|a| edits.iter().find(|e| e.device == a.device).cloned())
             .collect();
-        let spec_path = if ordered.is_empty() {
-            self.cdi.spec_path(&claim.uid)
+        let (spec_path, spec) = if ordered.is_empty() {
+            (self.cdi.spec_path(&claim.uid), None)
         } else {
-            self.cdi
-                .write(&claim.uid, &ordered)
-                .map_err(|e| format!("{who}: {e}"))?
+            let (path, staged) = self
+                .cdi
+                .stage(&claim.uid, &ordered)
+                .map_err(|e| Refusal::Final(format!("{who}: {e}")))?;
+            (path, Some(staged))
         };
 
         let devices = allocated
@@ -157,12 +311,13 @@ impl<D: Driver> ClaimPipeline<D> {
                 cdi_device_ids: vec![self.cdi.device_id(&claim.uid, &a.device)],
             })
             .collect();
-        Ok(PreparedClaim {
+        let prepared = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             devices,
             cdi_spec_path: spec_path,
-        })
+        };
+        Ok((prepared, spec))
     }
 
     pub(crate) async fn unprepare(
@@ -218,8 +373,49 @@ impl<D: Driver> ClaimPipeline<D> {
         }
         if changed {
             self.checkpoint.save(&checkpoint)?;
+            self.released.notify_waiters();
         }
         Ok(answers)
+    }
+}
+
+/// Whether a claim the checkpoint has is really prepared: its CDI spec is
+/// there (a claim without devices of ours has none). The spec is renamed
+/// into place before the checkpoint, but only the journal keeps that order
+/// across a crash; should a spec be missing, the claim is prepared again
+/// rather than answered with CDI ids the runtime cannot find.
+fn spec_in_place(prepared: &PreparedClaim) -> bool {
+    prepared.devices.is_empty() || prepared.cdi_spec_path.exists()
+}
+
+/// What one prepare pass came to.
+#[derive(Default)]
+struct Pass {
+    answered: Vec<(usize, PrepareOutcome)>,
+    /// Claims whose device another claim holds, with that claim's UID.
+    held: Vec<(usize, String)>,
+    timings: PassTimings,
+}
+
+/// Seconds spent in each step of a pass (summed over passes for a call).
+#[derive(Default)]
+struct PassTimings {
+    /// Waiting for and taking the data-dir lock.
+    lock: f64,
+    /// Reading the checkpoint (and the boot id).
+    load: f64,
+    /// Resolving, the driver, the CDI specs.
+    claims: f64,
+    /// Writing the checkpoint.
+    save: f64,
+}
+
+impl PassTimings {
+    fn add(&mut self, other: &PassTimings) {
+        self.lock += other.lock;
+        self.load += other.load;
+        self.claims += other.claims;
+        self.save += other.save;
     }
 }
 
@@ -245,3 +441,6 @@ fn check_edits<C>(allocated: &[AllocatedDevice<C>], edits: &[DeviceEdits]) -> Re
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

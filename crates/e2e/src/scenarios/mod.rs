@@ -26,6 +26,7 @@ mod lifecycle;
 mod migration;
 mod partitions;
 mod publish;
+mod reuse;
 mod taints;
 
 use anyhow::{Result, bail};
@@ -113,6 +114,8 @@ scenarios! {
         => migration::device_plugin_to_dra;
     s20_explain_agreement [AdminAccess] "kubectl-dra's CEL selects what kube-scheduler allocates, 62 expressions in one batch; a held device names its claim"
         => cel_agreement::explain_agreement;
+    s21_device_reuse [] "force-deleted pod, its device at once to a new claim: Running within 5 s, never prepared for two claims"
+        => reuse::device_reuse;
 }
 
 /// The scenario called `name`.

@@ -1,0 +1,186 @@
+//! Scenario 17: a device reused right after a force-deleted pod.
+//!
+//! Force deletion removes the pod from the API at once; its generated claim
+//! goes with it and the scheduler can give the device to the next claim on
+//! the node before kubelet has stopped the old container and unprepared the
+//! old claim. The driver must neither hand the device to both claims nor
+//! refuse the new one outright (kubelet then backs off for about 84 s): it
+//! waits for the old claim's unprepare. The old pod's container has a 2 s
+//! `preStop` sleep, so that kubelet's unprepare surely comes after the new
+//! prepare: the race is what is tested, every time.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, anyhow, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::DeleteParams;
+use serde_json::{Value, json};
+
+use super::allocate::{GONE, RUNNING};
+use super::health::Target;
+use super::kit;
+use crate::testbed::{DriverKind, Testbed};
+
+/// The issue's bound: the second pod runs within this of its creation.
+const SECOND_POD_RUNNING: Duration = Duration::from_secs(5);
+/// How often the checkpoint on the node is read while the device changes hands.
+const WATCH_EVERY: Duration = Duration::from_millis(20);
+
+/// `dra_plugin_device_release_waits_total{result}` from a driver's `/metrics`.
+fn release_waits(metrics: &str, result: &str) -> u64 {
+    let prefix = format!("dra_plugin_device_release_waits_total{{result=\"{result}\"}}");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// What the checkpoint watcher saw.
+#[derive(Debug, Default)]
+struct Watched {
+    reads: u64,
+    /// Checkpoints in which one device was prepared for two regular claims.
+    double: Vec<String>,
+    /// Whether the old claim was still prepared after the new pod was created.
+    old_outlived_creation: bool,
+}
+
+/// Reads the checkpoint of the EFA driver on `node` until `stop`, noting
+/// every read in which a device is prepared for two claims at once.
+async fn watch_checkpoint(
+    tb: &impl Testbed,
+    node: &str,
+    old_uid: &str,
+    stop: &AtomicBool,
+) -> Watched {
+    let mut w = Watched::default();
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok(Some(cp)) = tb.checkpoint(node, DriverKind::Efa) {
+            w.reads += 1;
+            w.old_outlived_creation |= cp.claims.contains_key(old_uid);
+            let mut holder: BTreeMap<(String, String), String> = BTreeMap::new();
+            for (uid, claim) in &cp.claims {
+                for d in claim.devices.iter().filter(|d| !d.admin_access) {
+                    let key = (d.pool.clone(), d.device.clone());
+                    if let Some(other) = holder.insert(key, uid.clone()) {
+                        w.double
+                            .push(format!("{}/{} for {other} and {uid}", d.pool, d.device));
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(WATCH_EVERY).await;
+    }
+    w
+}
+
+fn pinned_pod(tb: &impl Testbed, name: &str, template: &str) -> Value {
+    let mut pod = kit::pod_with_claim(tb, name, Some(template), None, Some("p5"));
+    // The sleep must be shorter than the grace period (API validation).
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(3);
+    pod["spec"]["containers"][0]["lifecycle"] = json!({"preStop": {"sleep": {"seconds": 2}}});
+    pod
+}
+
+/// Scenario 17: force-delete a pod, at once create one whose claim gets the
+/// same EFA on p5.
+pub async fn device_reuse(tb: &impl Testbed, ns: &str) -> Result<()> {
+    let target = Target::efa(tb, "p5").await?;
+    kit::apply_all(tb, ns, &[target.template("this-efa", false)]).await?;
+    kit::apply_all(tb, ns, &[pinned_pod(tb, "first", "this-efa")]).await?;
+    kit::running(tb, ns, "first", RUNNING).await?;
+    let old_claim = kit::pod_claims(tb, ns, "first")
+        .await?
+        .pop()
+        .ok_or_else(|| anyhow!("first has no claim"))?;
+    let old_uid = old_claim.metadata.uid.clone().unwrap_or_default();
+    let devices = kit::allocation(&old_claim);
+    ensure!(
+        devices.len() == 1 && devices[0].device == target.device,
+        "first got {devices:?}, want {}",
+        target.device
+    );
+    let metrics_before = tb.driver_metrics("p5", DriverKind::Efa).await?;
+
+    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
+    let stop = AtomicBool::new(false);
+    let watcher = watch_checkpoint(tb, "p5", &old_uid, &stop);
+    let reuse = async {
+        let result = async {
+            pods.delete("first", &DeleteParams::default().grace_period(0))
+                .await?;
+            let created = Instant::now();
+            kit::apply_all(tb, ns, &[pinned_pod(tb, "second", "this-efa")]).await?;
+            kit::running(tb, ns, "second", SECOND_POD_RUNNING).await?;
+            Ok::<_, anyhow::Error>(created.elapsed())
+        }
+        .await;
+        stop.store(true, Ordering::SeqCst);
+        result
+    };
+    let (watched, to_running) = tokio::join!(watcher, reuse);
+    let to_running = to_running?;
+    eprintln!(
+        "s21: second pod Running {:.2} s after its creation ({} checkpoint reads on p5)",
+        to_running.as_secs_f64(),
+        watched.reads
+    );
+
+    ensure!(
+        watched.double.is_empty(),
+        "a device was prepared for two claims at once: {:?}",
+        watched.double
+    );
+    let second = kit::pod_devices(tb, ns, "second").await?;
+    ensure!(
+        second.iter().map(|d| &d.device).eq([&target.device]),
+        "second got {second:?}, want {}",
+        target.device
+    );
+    let failed: Vec<_> = kit::events(tb, ns, "second")
+        .await?
+        .into_iter()
+        .filter(|(reason, _)| reason == "FailedPrepareDynamicResources")
+        .collect();
+    ensure!(
+        failed.is_empty(),
+        "kubelet saw a failed prepare: {failed:?}"
+    );
+    // The race really happened: the old claim was still prepared when the
+    // new pod came, and the driver waited for it rather than refusing.
+    ensure!(
+        watched.old_outlived_creation,
+        "the old claim was unprepared before the second pod was created: nothing was reused"
+    );
+    let metrics_after = tb.driver_metrics("p5", DriverKind::Efa).await?;
+    let released =
+        release_waits(&metrics_after, "released") - release_waits(&metrics_before, "released");
+    let timed_out =
+        release_waits(&metrics_after, "timed_out") - release_waits(&metrics_before, "timed_out");
+    ensure!(
+        released == 1 && timed_out == 0,
+        "release waits on p5: {released} released, {timed_out} timed out; want 1 and 0"
+    );
+
+    kit::delete_pods(tb, ns, &["second"], GONE).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_waits_reads_the_counter() {
+        let text = "# HELP x\n\
+            dra_plugin_device_release_waits_total{result=\"released\"} 3\n\
+            dra_plugin_device_release_waits_total{result=\"timed_out\"} 1\n";
+        assert_eq!(release_waits(text, "released"), 3);
+        assert_eq!(release_waits(text, "timed_out"), 1);
+        assert_eq!(release_waits("", "released"), 0);
+    }
+}
