@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # Both drivers in one image: /usr/local/bin/efa-driver and
 # /usr/local/bin/neuron-driver (the Helm charts pick one with `command`).
 # Multi-arch with buildx (EFA exists on Graviton instances too):
@@ -11,10 +9,16 @@
 # on every CI run even on machines without a Docker engine.
 
 ARG RUST_VERSION=1.95
+# The base images are build arguments so that a machine without registry
+# access can substitute local ones (`cargo xtask e2e --cluster kind` builds
+# them from Debian packages and the host's Rust toolchain, see
+# docs/container-image.md); the defaults are the public images.
+ARG BUILD_IMAGE=docker.io/library/rust:${RUST_VERSION}-bookworm
+ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12
 
 # Compile for the target platform natively (QEMU under buildx for the
 # non-native one): no cross toolchain to keep in sync, same command on both.
-FROM docker.io/library/rust:${RUST_VERSION}-bookworm AS build
+FROM ${BUILD_IMAGE} AS build
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
@@ -24,7 +28,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && cp target/release/efa-driver target/release/neuron-driver /out/
 
 # distroless/cc: glibc + libgcc, no shell, no package manager.
-FROM gcr.io/distroless/cc-debian12 AS runtime
+FROM ${RUNTIME_IMAGE} AS runtime
 COPY --from=build /out/efa-driver /out/neuron-driver /usr/local/bin/
 # Root, deliberately, with every capability dropped by the chart: the host
 # directories the drivers write (kubelet plugins and plugins_registry, the

@@ -13,12 +13,14 @@
 //! by `helm upgrade --install` of the charts, as DaemonSet pods
 //! (`tests/scenarios_chart.rs`).
 //!
-//! `kind` (the default) needs Docker and kind and stops at once without
-//! them, naming `--cluster local`: it builds the same prerequisites, brings
-//! up the kind cluster of `xtask/src/kind.rs`, and runs the same scenarios
-//! there with the chart-installed testbed (`tests/scenarios_kind.rs`);
-//! `--keep` leaves the cluster, else it is deleted. This machine has no
-//! Docker engine: the kind path has not run here (see `kind.rs`).
+//! `kind` (the default) installs and starts Docker when it is missing and
+//! builds kind from its Go module (it stops at once, naming `--cluster
+//! local`, where Docker cannot be had), builds the same prerequisites and,
+//! with `--kind-images offline` (the default), every image the cluster needs,
+//! brings up the kind cluster of `xtask/src/kind.rs`, and runs the same
+//! scenarios there with the chart-installed testbed
+//! (`tests/scenarios_kind.rs`); `--keep` leaves the cluster, else it is
+//! deleted.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -83,6 +85,15 @@ pub struct E2eArgs {
     /// minor; built from the Go modules and cached on first use.
     #[arg(long, alias = "k8s-version", default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
     pub kubernetes: String,
+    /// Where the kind run's images come from (`--cluster kind`): all built
+    /// here (`offline`), or kind's published node image and the Dockerfile's
+    /// public bases (`registry`).
+    #[arg(long, value_enum, default_value_t = crate::kind::KindImages::Offline)]
+    pub kind_images: crate::kind::KindImages,
+    /// `--cluster kind`: build the tools, binaries and images, then stop
+    /// before creating the cluster (to warm the caches outside a cluster run).
+    #[arg(long)]
+    pub prepare_only: bool,
     /// Which local testbeds run the scenarios (`--cluster local`).
     #[arg(long, value_enum, default_value_t = TestbedChoice::All)]
     pub testbed: TestbedChoice,
@@ -254,12 +265,23 @@ pub fn print_figures(f: &e2e::Figures) {
 
 /// The shared scenarios on kind (see the module docs).
 fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
-    // Before any build: a machine without Docker learns it at once.
-    crate::kind::check_tools()?;
+    let started = Instant::now();
+    // Before any build: a machine that cannot have Docker learns it at once.
+    let kind = crate::kind::prepare_tools(root)?;
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
-    let bin_dir = build_prerequisites(root, true, &version)?;
+    // Debug builds: the charts run the drivers of the Dockerfile's image;
+    // only the GPU stand-in's image is packed from these binaries.
+    let bin_dir = build_prerequisites(root, false, &version)?;
+    let setup = crate::kind::prepare_images(root, kind, args.kind_images, &version)?;
     let probe = e2e::Binaries::locate(&version)?.probe_image;
-    let kubeconfig = crate::kind::bring_up(root, work, &bin_dir, &probe)?;
+    let prepared_s = started.elapsed().as_secs_f64();
+    if args.prepare_only {
+        eprintln!("==> e2e(kind): tools, binaries and images ready in {prepared_s:.1}s");
+        return Ok(());
+    }
+    let t = Instant::now();
+    let kubeconfig = crate::kind::bring_up(root, work, &bin_dir, &probe, &setup)?;
+    let bring_up_s = t.elapsed().as_secs_f64();
     let figures = work.join("figures-kind.json");
     let _ = std::fs::remove_file(&figures);
     let result = crate::kind::run_scenarios(root, &kubeconfig, work, &figures);
@@ -276,8 +298,13 @@ fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
             kubeconfig.display()
         );
     } else {
-        crate::kind::delete()?;
+        crate::kind::delete(&setup.kind)?;
     }
+    eprintln!(
+        "==> e2e(kind) times: tools, binaries and images {prepared_s:.1}s; \
+         cluster, driver image and loads {bring_up_s:.1}s; total {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
     result
 }
 

@@ -5,21 +5,21 @@
 //! instance type, so the charts' node affinity applies unchanged, and with
 //! its role, `e2e.aws-dra.dev/node=<role>`, since kind generates node names;
 //! each with its fixture hardware tree mounted at [`FIXTURE_MOUNT`]), brings
-//! the cluster up, builds the Dockerfile's image and loads it with the
-//! suite's own images (the probe the example pods run, and one with
-//! `gpu-test-driver`), then runs the shared scenarios there
-//! (`cargo test -p e2e --test scenarios_kind`): the scenarios' testbed
-//! installs both charts with [`crate::chart_specs::kind_helm_values`] (one
-//! release per chart) and drives the DaemonSets as on the local cluster
-//! (`tests/scenarios_chart.rs`).
-//! Without a Docker engine it stops at once and names `--cluster local`.
+//! the cluster up, builds the Dockerfile's image with `docker build` and
+//! loads it with `kind load docker-image`, loads the suite's own images (the
+//! probe the example pods run, and one with `gpu-test-driver`), then runs
+//! the shared scenarios there (`cargo test -p e2e --test scenarios_kind`):
+//! the scenarios' testbed installs both charts with
+//! [`crate::chart_specs::kind_helm_values`] (one release per chart) and
+//! drives the DaemonSets as on the local cluster (`tests/scenarios_chart.rs`).
 //!
-//! Limits: this machine has no Docker engine, so the bring-up here and the
-//! kind run of the scenarios have not run; what can be checked is: the
-//! generated config and values (unit tests; `cargo xtask charts check`
-//! renders both charts with those values), the `docker exec` plumbing of
-//! the kind host (its unit tests), and the scenarios and chart-installed
-//! testbed themselves on the local cluster.
+//! Docker comes from [`crate::docker`] (installed and started when missing),
+//! kind from its Go module ([`crate::kind_tool`]). Two sources of images
+//! ([`KindImages`]): `offline` (the default) builds every image on the
+//! machine ([`crate::kind_images`]: the node image, the Dockerfile's base
+//! images) and wires the pod network itself ([`crate::kind_network`]);
+//! `registry` uses kind's published `kindest/node` image, its default CNI
+//! and the Dockerfile's public base images.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -52,8 +52,11 @@ pub fn default_nodes(fixtures_root: &Path) -> Vec<FixtureNode> {
         .collect()
 }
 
-/// The kind `Cluster` config as YAML.
-pub fn cluster_config(nodes: &[FixtureNode]) -> Result<String> {
+/// The kind `Cluster` config as YAML. `offline`: no default CNI (kindnetd is
+/// an image from a registry; [`crate::kind_network`] wires the pods) and no
+/// CoreDNS (not built here). `cgroup_v1`: the kubelet is told to run on a
+/// cgroup v1 host, which 1.35+ refuses by default.
+pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> Result<String> {
     let mut node_list = vec![json!({"role": "control-plane"})];
     for n in nodes {
         let dir = n
@@ -75,7 +78,25 @@ pub fn cluster_config(nodes: &[FixtureNode]) -> Result<String> {
             }],
         }));
     }
-    let config = json!({
+    // Without apiVersion, kind applies a patch whatever kubeadm API the
+    // node image's release uses.
+    let mut patches = Vec::new();
+    if cgroup_v1 {
+        // kubeadm's preflight refuses cgroup v1 from 1.35 on, even with the
+        // kubelet told to accept it: its SystemVerification must be skipped too.
+        patches.push(json!("kind: KubeletConfiguration\nfailCgroupV1: false\n"));
+        for kind in ["InitConfiguration", "JoinConfiguration"] {
+            patches.push(json!(format!(
+                "kind: {kind}\nnodeRegistration:\n  ignorePreflightErrors:\n  - SystemVerification\n"
+            )));
+        }
+    }
+    if offline {
+        patches.push(json!(
+            "kind: InitConfiguration\nskipPhases:\n- addon/coredns\n"
+        ));
+    }
+    let mut config = json!({
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
         "name": CLUSTER_NAME,
@@ -88,26 +109,17 @@ pub fn cluster_config(nodes: &[FixtureNode]) -> Result<String> {
         ],
         "nodes": node_list,
     });
+    if !patches.is_empty() {
+        config["kubeadmConfigPatches"] = Value::Array(patches);
+    }
+    if offline {
+        config["networking"] = json!({"disableDefaultCNI": true});
+    }
     to_yaml(&config)
 }
 
 fn to_yaml(v: &Value) -> Result<String> {
     serde_saphyr::to_string(v).map_err(|e| anyhow::anyhow!("serializing YAML: {e}"))
-}
-
-/// Why Docker cannot be used, or `None` when it can.
-fn docker_unavailable() -> Option<String> {
-    match Command::new("docker")
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .output()
-    {
-        Err(e) => Some(format!("`docker` could not be run ({e})")),
-        Ok(out) if !out.status.success() => Some(format!(
-            "no Docker engine answers ({})",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-        Ok(_) => None,
-    }
 }
 
 fn run_step(what: &str, cmd: &mut Command) -> Result<()> {
@@ -121,29 +133,117 @@ fn run_step(what: &str, cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// Stops with the message of a machine without Docker or kind.
-pub fn check_tools() -> Result<()> {
-    if let Some(why) = docker_unavailable() {
-        bail!(
-            "cargo xtask e2e --cluster kind needs Docker, but {why}.\n\
-             Run the same scenarios without Docker on a local control plane:\n\
-             \n    cargo xtask e2e --cluster local\n"
-        );
-    }
-    if Command::new("kind").arg("version").output().is_err() {
-        bail!(
-            "`kind` is not on PATH (go install sigs.k8s.io/kind@v0.30.0), or use --cluster local"
-        );
-    }
-    Ok(())
+/// Where the images of the kind run come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KindImages {
+    /// Every image built on this machine (no registry needed): the node
+    /// image, the Dockerfile's base images; pod network wired by xtask.
+    Offline,
+    /// kind's published node image (`kindest/node:<version>`), its default
+    /// CNI, and the Dockerfile's public base images (needs registry access).
+    Registry,
+}
+
+/// How the cluster is made: the tools and images [`prepare_images`] settled on.
+pub struct KindSetup {
+    /// The kind binary.
+    pub kind: PathBuf,
+    pub images: KindImages,
+    /// `--image` of `kind create cluster`.
+    pub node_image: String,
+    /// `--build-arg`s of the Dockerfile's `docker build`.
+    pub build_args: Vec<(String, String)>,
+    /// The host runs cgroup v1 (kubelet 1.35+ refuses it unless told).
+    pub cgroup_v1: bool,
+}
+
+/// The message of a machine where Docker cannot be had.
+pub fn no_docker_message(why: &str) -> String {
+    format!(
+        "cargo xtask e2e --cluster kind needs Docker: {why}.\n\
+         Run the same scenarios without Docker on a local control plane:\n\
+         \n    cargo xtask e2e --cluster local\n"
+    )
+}
+
+/// Docker (installed and started when missing) and kind (built from its Go
+/// module); both before any other build, so a machine that cannot have
+/// them learns it at once.
+pub fn prepare_tools(root: &Path) -> Result<PathBuf> {
+    crate::docker::ensure_engine()
+        .map_err(|e| anyhow::anyhow!(no_docker_message(&format!("{e:#}"))))?;
+    crate::kind_tool::ensure(root)
+}
+
+/// The node image and the Dockerfile's base images for `images`, built here
+/// for [`KindImages::Offline`].
+pub fn prepare_images(
+    root: &Path,
+    kind: PathBuf,
+    images: KindImages,
+    version: &e2e::KubernetesVersion,
+) -> Result<KindSetup> {
+    let cgroup_v1 = !Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let (node_image, build_args) = match images {
+        KindImages::Registry => (format!("kindest/node:{version}"), Vec::new()),
+        KindImages::Offline => {
+            let started = Instant::now();
+            let binaries = e2e::Binaries::locate(version)?;
+            let t = Instant::now();
+            let mut progress: e2e::go_build::Progress = Box::new(move |line: &str| {
+                eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
+            });
+            let kind_node_dir = e2e::toolchain::ensure_kind_node_built(version, &mut progress)?;
+            let base_files = crate::kind_tool::base_files(root)?;
+            let pause_binary = binaries
+                .pause_image
+                .parent()
+                .context("pause image archive has no directory")?
+                .join("pause");
+            let node = crate::kind_images::ensure_node(&crate::kind_images::NodeInputs {
+                version,
+                binaries: &binaries,
+                kind_node_dir: &kind_node_dir,
+                kind_base_files: &base_files,
+                pause_binary: &pause_binary,
+            })?;
+            let rust = crate::base_images::ensure_rust()?;
+            eprintln!(
+                "==> e2e(kind): offline images ready in {:.1}s",
+                started.elapsed().as_secs_f64()
+            );
+            (
+                node,
+                vec![
+                    ("BUILD_IMAGE".to_string(), rust),
+                    (
+                        "RUNTIME_IMAGE".to_string(),
+                        crate::base_images::DEBIAN_IMAGE.to_string(),
+                    ),
+                ],
+            )
+        }
+    };
+    Ok(KindSetup {
+        kind,
+        images,
+        node_image,
+        build_args,
+        cgroup_v1,
+    })
 }
 
 /// Brings up the kind cluster of [`default_nodes`] with the images loaded
 /// (the charts are installed by the scenarios' testbed). `bin_dir` holds the
 /// three driver binaries, `probe_archive` the probe image. Returns the
 /// kubeconfig path.
-pub fn bring_up(root: &Path, work: &Path, bin_dir: &Path, probe_archive: &Path) -> Result<PathBuf> {
-    check_tools()?;
+pub fn bring_up(
+    root: &Path,
+    work: &Path,
+    bin_dir: &Path,
+    probe_archive: &Path,
+    setup: &KindSetup,
+) -> Result<PathBuf> {
     std::fs::create_dir_all(work)?;
     let fixtures = work.join("fixtures");
     let nodes = default_nodes(&fixtures);
@@ -165,26 +265,37 @@ pub fn bring_up(root: &Path, work: &Path, bin_dir: &Path, probe_archive: &Path) 
         }
     }
     let config = work.join("kind-config.yaml");
-    std::fs::write(&config, cluster_config(&nodes)?)?;
+    let offline = setup.images == KindImages::Offline;
+    std::fs::write(&config, cluster_config(&nodes, offline, setup.cgroup_v1)?)?;
     let kubeconfig = work.join("kubeconfig");
+    // A cluster left by an interrupted run would make `create` fail.
+    let _ = Command::new(&setup.kind)
+        .args(["delete", "cluster", "--name", CLUSTER_NAME])
+        .output();
     run_step(
-        "kind create cluster",
-        Command::new("kind")
+        &format!("kind create cluster --image {}", setup.node_image),
+        Command::new(&setup.kind)
             .args(["create", "cluster", "--config"])
             .arg(&config)
+            .arg("--image")
+            .arg(&setup.node_image)
             .arg("--kubeconfig")
             .arg(&kubeconfig),
     )?;
+    if offline {
+        eprintln!("==> e2e(kind): pod network (ptp + routes, no CNI image)");
+        crate::kind_network::wire(CLUSTER_NAME)?;
+    }
     let image = format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}");
-    run_step(
-        "docker build",
-        Command::new("docker")
-            .current_dir(root)
-            .args(["build", "-t", &image, "."]),
-    )?;
+    let mut build = crate::docker::build_command()?;
+    build.current_dir(root).args(["-t", &image]);
+    for (name, value) in &setup.build_args {
+        build.arg("--build-arg").arg(format!("{name}={value}"));
+    }
+    run_step("docker build (the Dockerfile)", build.arg("."))?;
     run_step(
         "kind load docker-image",
-        Command::new("kind").args(["load", "docker-image", &image, "--name", CLUSTER_NAME]),
+        Command::new(&setup.kind).args(["load", "docker-image", &image, "--name", CLUSTER_NAME]),
     )?;
     let drivers_archive = work.join("drivers.oci.tar");
     e2e::image::write_archive(
@@ -194,7 +305,7 @@ pub fn bring_up(root: &Path, work: &Path, bin_dir: &Path, probe_archive: &Path) 
     for archive in [&drivers_archive, &probe_archive.to_path_buf()] {
         run_step(
             &format!("kind load image-archive {}", archive.display()),
-            Command::new("kind")
+            Command::new(&setup.kind)
                 .args(["load", "image-archive"])
                 .arg(archive)
                 .args(["--name", CLUSTER_NAME]),
@@ -228,10 +339,10 @@ pub fn run_scenarios(root: &Path, kubeconfig: &Path, work: &Path, figures: &Path
 }
 
 /// `kind delete cluster`.
-pub fn delete() -> Result<()> {
+pub fn delete(kind: &Path) -> Result<()> {
     run_step(
         "kind delete cluster",
-        Command::new("kind").args(["delete", "cluster", "--name", CLUSTER_NAME]),
+        Command::new(kind).args(["delete", "cluster", "--name", CLUSTER_NAME]),
     )
 }
 
@@ -247,7 +358,7 @@ mod tests {
 
     #[test]
     fn cluster_config_has_cdi_and_one_fixture_per_role() {
-        let yaml = cluster_config(&nodes()).unwrap();
+        let yaml = cluster_config(&nodes(), false, false).unwrap();
         let cfg: Value = serde_saphyr::from_str(&yaml).unwrap();
         assert_eq!(cfg["apiVersion"], "kind.x-k8s.io/v1alpha4");
         assert_eq!(cfg["kind"], "Cluster");
@@ -309,20 +420,31 @@ mod tests {
     }
 
     #[test]
-    fn without_docker_kind_stops_at_once_naming_cluster_local() {
-        if docker_unavailable().is_none() {
-            // A machine with Docker cannot show this path; the bring-up runs there.
-            return;
-        }
-        let err = bring_up(
-            Path::new("."),
-            Path::new("/nonexistent/aws-dra-e2e"),
-            Path::new("/nonexistent/bin"),
-            Path::new("/nonexistent/probe.oci.tar"),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("--cluster local"), "{err}");
-        assert!(!Path::new("/nonexistent/aws-dra-e2e").exists());
+    fn offline_config_has_no_default_cni_nor_coredns_and_cgroup_v1_is_allowed() {
+        let cfg: Value =
+            serde_saphyr::from_str(&cluster_config(&nodes(), true, true).unwrap()).unwrap();
+        assert_eq!(cfg["networking"]["disableDefaultCNI"], true);
+        let patches: Vec<&str> = cfg["kubeadmConfigPatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        assert!(patches[0].contains("failCgroupV1: false"), "{patches:?}");
+        assert!(patches[1].contains("- SystemVerification"), "{patches:?}");
+        assert!(
+            patches[2].starts_with("kind: JoinConfiguration"),
+            "{patches:?}"
+        );
+        assert!(patches[3].contains("- addon/coredns"), "{patches:?}");
+        let plain: Value =
+            serde_saphyr::from_str(&cluster_config(&nodes(), false, false).unwrap()).unwrap();
+        assert!(plain["networking"].is_null() && plain["kubeadmConfigPatches"].is_null());
+    }
+
+    #[test]
+    fn without_docker_the_message_names_cluster_local() {
+        let m = no_docker_message("no Docker engine answers");
+        assert!(m.contains("--cluster local"), "{m}");
     }
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so that it runs
 //! wherever cargo does.
 
+mod base_images;
 mod bench;
 mod chart_access;
 mod chart_checks;
@@ -13,6 +14,7 @@ mod chart_specs;
 mod charts_command;
 mod ci;
 mod demo;
+mod docker;
 mod e2e;
 #[cfg(test)]
 mod examples;
@@ -22,6 +24,9 @@ mod helm;
 mod image_build;
 mod k8s;
 mod kind;
+mod kind_images;
+mod kind_network;
+mod kind_tool;
 mod manifest_checks;
 mod paths;
 mod supply_chain;

@@ -33,6 +33,11 @@ pub const KUBERNETES_COMMANDS: [&str; 5] = [
     "kubectl",
 ];
 
+/// The Kubernetes commands a kind node image needs besides those
+/// (`cargo xtask e2e --cluster kind` with the offline node image): listed
+/// in every wrapper module too, built only for kind.
+pub const KIND_NODE_COMMANDS: [&str; 2] = ["kubeadm", "kube-proxy"];
+
 pub(crate) struct GoTarget {
     pub(crate) name: &'static str,
     pub(crate) package: String,
@@ -345,7 +350,7 @@ pub fn render_kubernetes_go_mod(
     out.push_str(&directive("go"));
     out.push_str(&directive("godebug"));
     out.push_str("tool (\n");
-    for c in KUBERNETES_COMMANDS {
+    for c in KUBERNETES_COMMANDS.iter().chain(&KIND_NODE_COMMANDS) {
         out.push_str(&format!("\tk8s.io/kubernetes/cmd/{c}\n"));
     }
     out.push_str(")\n\n");

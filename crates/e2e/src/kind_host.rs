@@ -10,10 +10,12 @@
 //! of a node reached with `docker exec <node> …` (a kind node is a container
 //! of that name, with `ctr` inside).
 //!
-//! Limits: this machine has no Docker engine, so the host has only been run
+//! Limits: Docker and kind's node image now run on this machine (`cargo
+//! xtask e2e --cluster kind` installs and builds them), but this host has
+//! not yet run against a kind cluster there (docs/e2e.md says what has), only
 //! against the `docker` stand-in of its unit tests; the shared scenarios and
-//! [`ChartTestbed`] themselves run on the
-//! local cluster (`tests/scenarios_chart.rs`).
+//! [`ChartTestbed`] themselves run on the local cluster
+//! (`tests/scenarios_chart.rs`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -402,7 +404,7 @@ mod tests {
     }
 
     /// The `docker exec` plumbing, against a stand-in `docker` that runs the
-    /// command on this host (no Docker engine here; see the module docs).
+    /// command on this host (no cluster needed; see the module docs).
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn files_and_processes_are_reached_through_docker_exec() {
         use std::os::unix::fs::PermissionsExt;

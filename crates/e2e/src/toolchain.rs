@@ -147,6 +147,51 @@ impl Binaries {
     }
 }
 
+/// Builds kubeadm and kube-proxy of `version` (the pinned patch of a
+/// known release, from its committed wrapper module) into
+/// `<cache>/bin/kind-node-<version>/`, for the offline kind node image; the
+/// kubelet and kubectl it needs are those of [`ensure_built`]. Returns the
+/// directory.
+pub fn ensure_kind_node_built(
+    version: &KubernetesVersion,
+    progress: &mut Progress,
+) -> Result<PathBuf> {
+    let release = version.release()?;
+    let module = repo_root().join(release.module_dir());
+    if version.to_string() != release.pinned {
+        return Err(Error::Testbed(format!(
+            "the offline kind node image is built for pinned releases only ({}), not {version}",
+            release.pinned
+        )));
+    }
+    check_pin(&module, "k8s.io/kubernetes", &version.to_string())?;
+    let ldflags = kubernetes_ldflags(version);
+    let targets: Vec<GoTarget> = crate::go_build::KIND_NODE_COMMANDS
+        .into_iter()
+        .map(|name| GoTarget {
+            name,
+            package: format!("k8s.io/kubernetes/cmd/{name}"),
+            // Both are static in upstream's release (KUBE_STATIC_BINARIES).
+            cgo: false,
+            ldflags: ldflags.clone(),
+            tags: String::new(),
+        })
+        .collect();
+    let out = cache_root()
+        .join("bin")
+        .join(format!("kind-node-{version}"));
+    build_set(
+        &GoToolchain::find()?,
+        "kind node",
+        &module,
+        &out,
+        &targets,
+        "",
+        progress,
+    )?;
+    Ok(out)
+}
+
 /// What to build and how to talk about it.
 pub struct BuildOptions {
     pub kubernetes_version: KubernetesVersion,
@@ -356,6 +401,7 @@ fn ensure_host_packages(progress: &mut Progress) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::go_build::KIND_NODE_COMMANDS;
     use crate::go_build::required_version;
     use crate::versions::CI_RELEASES;
 
@@ -383,7 +429,7 @@ mod tests {
             for line in replaces {
                 assert!(line.trim_end().ends_with(&v.staging_version()), "{line}");
             }
-            for command in KUBERNETES_COMMANDS {
+            for command in KUBERNETES_COMMANDS.iter().chain(&KIND_NODE_COMMANDS) {
                 assert!(
                     text.contains(&format!("\tk8s.io/kubernetes/cmd/{command}\n")),
                     "{} lacks {command}",
