@@ -126,6 +126,7 @@ fn pipeline_with_metrics(
         metrics,
         release_wait,
         released: Notify::new(),
+        pool: None,
     })
 }
 
