@@ -411,12 +411,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let fake = dir.path().join("docker");
         // `docker exec <node> <cmd…>` → `<cmd…>`, after checking the verb.
+        // Written by another process (`cp`), so that no write descriptor of
+        // this one, inherited by a child another test thread forks at the
+        // same moment, can make the exec fail with ETXTBSY.
+        let draft = dir.path().join("docker.draft");
         std::fs::write(
-            &fake,
+            &draft,
             "#!/bin/sh\n[ \"$1\" = exec ] || exit 99\nshift 2\nexec \"$@\"\n",
         )
         .unwrap();
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&draft, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copied = std::process::Command::new("cp")
+            .arg("-p")
+            .arg(&draft)
+            .arg(&fake)
+            .status()
+            .unwrap();
+        assert!(copied.success());
         let host = KindHost {
             client: kube::Client::try_from(kube::Config::new(
                 "http://127.0.0.1:9".parse().unwrap(),
