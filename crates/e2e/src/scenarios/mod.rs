@@ -120,7 +120,7 @@ scenarios! {
         => reuse::device_reuse;
     s22_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
         => bad_input::bad_opaque_config;
-    s23_slices_after_uninstall [] "a driver stopped for good leaves its slices (unchanged for 40 s); the cleanup of docs/install.md removes them; a restart republishes"
+    s23_slices_after_uninstall [] "a driver stopped for good: its slices stay unchanged for 20 s, the kubelet wipes them within 60 s, a restart republishes"
         => uninstall::slices_after_stop;
 }
 

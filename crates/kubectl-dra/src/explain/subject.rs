@@ -164,6 +164,27 @@ fn allowed_nodes(
         .collect()
 }
 
+/// Whether the pod's node serves `resource` itself: the scheduler gives an
+/// extended resource through DRA only on nodes whose `status.allocatable`
+/// lacks it or lists 0; a non-zero quantity is a device plugin's, and the
+/// pod bound there got it from the node, not from a claim.
+fn served_by_node(inv: &Inventory, node: Option<&str>, resource: &str) -> bool {
+    let Some(node) = node else { return false };
+    inv.nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(node))
+        .and_then(|n| {
+            n.status
+                .as_ref()?
+                .allocatable
+                .as_ref()?
+                .get(resource)
+                .cloned()
+        })
+        // A quantity with a suffix (`1k`) is not 0 either.
+        .is_some_and(|q| q.0.trim().parse::<f64>().map_or(true, |v| v > 0.0))
+}
+
 /// Extended resources (`resources.requests`) that a DeviceClass serves,
 /// either by `extendedResourceName` or the implicit
 /// `deviceclass.resource.kubernetes.io/<class>`.
@@ -206,6 +227,9 @@ fn extended_resources(
                     || resource.strip_prefix("deviceclass.resource.kubernetes.io/") == Some(name)
             });
             let Some(class) = class else { continue };
+            if served_by_node(inv, spec.node_name.as_deref(), resource) {
+                continue;
+            }
             let count = quantity.0.parse::<i64>().unwrap_or(1);
             requests.push(DeviceRequest {
                 name: format!("container-{ci}-request-{ri}"),

@@ -545,3 +545,23 @@ fn an_incomplete_pool_is_not_used() {
         text(&e)
     );
 }
+
+#[test]
+fn a_device_plugin_resource_of_the_bound_node_is_not_a_claim() {
+    let class = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: efa-ext}\nspec:\n  extendedResourceName: vpc.amazonaws.com/efa\n  selectors:\n  - cel: {expression: 'device.driver == \"efa.networking.k8s.aws\"'}\n";
+    let node = |q: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: trn1}}\nstatus:\n  allocatable: {{vpc.amazonaws.com/efa: \"{q}\"}}\n"
+        )
+    };
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: default}\nspec:\n  nodeName: trn1\n  containers:\n  - name: c\n    image: x\n    resources:\n      limits: {vpc.amazonaws.com/efa: \"2\"}\n";
+    // A device plugin advertises it on the node: the scheduler served the
+    // pod from the node, no claim is involved.
+    let inv = inventory(&[class, TRN1_EFA, &node("8"), pod]);
+    let subjects = subjects_for_pod(&inv, "default", "p").map(|(s, _)| s.len());
+    assert!(matches!(subjects, Ok(0) | Err(_)), "{subjects:?}");
+    // At 0 (the device plugin gone) the resource is DRA-served.
+    let inv = inventory(&[class, TRN1_EFA, &node("0"), pod]);
+    let (subjects, _) = subjects_for_pod(&inv, "default", "p").unwrap();
+    assert_eq!(subjects.len(), 1);
+}
