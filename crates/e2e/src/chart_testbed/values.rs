@@ -78,5 +78,17 @@ pub fn release_values(
     if let Some(t) = &deployment.tolerations {
         values["tolerations"] = t.clone();
     }
+    // The extended-resource DeviceClasses are cluster-wide too: only the
+    // first release of a chart owns them.
+    let extended: &[&str] = match kind {
+        DriverKind::Efa => &["efa"],
+        DriverKind::Neuron => &["neuron", "neurondevice", "neuroncore"],
+        DriverKind::GpuTest => &[],
+    };
+    if !primary {
+        for key in extended {
+            values["deviceClasses"]["extendedResources"][*key] = json!({"enabled": false});
+        }
+    }
     values
 }
