@@ -337,12 +337,14 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
         message.contains("exceeds the claim limit of 32"),
         "scheduler said {reason}: {message}"
     );
+    // The Node's name: `p5` on the host testbed, `chart-p5` on the charts'.
+    let closest = format!("closest: node {}", kit::node_name(tb, "p5"));
     agreement::names_the_reason(
         "all-any-root",
         &explained,
         &[
             "matchAttribute constraint on resource.kubernetes.io/pcieRoot",
-            "closest: node p5",
+            closest.as_str(),
             "request \"efas\" has 4 of 32 (all matching devices)",
             "Request \"efas\" takes all matching devices",
         ],
