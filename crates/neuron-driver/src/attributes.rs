@@ -28,12 +28,16 @@ pub fn device_name(index: u32) -> String {
 
 /// The chip index of a device name we published.
 pub fn parse_device_name(name: &str) -> Option<u32> {
-    let n = name.strip_prefix(DEVICE_NAME_PREFIX)?;
-    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || (n.len() > 1 && n.starts_with('0'))
+    parse_index(name.strip_prefix(DEVICE_NAME_PREFIX)?)
+}
+
+/// An index as our device names write it: decimal, no sign, no leading zero.
+pub(crate) fn parse_index(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0'))
     {
         return None;
     }
-    n.parse().ok()
+    s.parse().ok()
 }
 
 /// The device of one chip.

@@ -28,7 +28,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::attributes::{chip_device, device_name};
+use crate::attributes::{chip_device, device_name, parse_device_name, parse_index};
 use crate::discovery::{NeuronChip, NodeInventory};
 use crate::lnc::supports_lnc2;
 
@@ -115,19 +115,11 @@ pub enum DeviceRef {
     Core { chip: u32, core: u32 },
 }
 
-fn parse_index(s: &str) -> Option<u32> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) || (s.len() > 1 && s.starts_with('0'))
-    {
-        return None;
-    }
-    s.parse().ok()
-}
-
 /// Parses `neuron-device-N` and `neuron-device-N-core-K`.
 pub fn parse_device_ref(name: &str) -> Option<DeviceRef> {
     let rest = name.strip_prefix(crate::attributes::DEVICE_NAME_PREFIX)?;
     match rest.split_once("-core-") {
-        None => parse_index(rest).map(DeviceRef::Chip),
+        None => parse_device_name(name).map(DeviceRef::Chip),
         Some((chip, core)) => Some(DeviceRef::Core {
             chip: parse_index(chip)?,
             core: parse_index(core)?,
