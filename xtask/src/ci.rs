@@ -50,8 +50,8 @@ const FUZZ_SMOKE_SECONDS: u64 = 15;
 fn steps() -> Vec<Step> {
     let mut steps = vec![
         step("fmt", &["fmt", "--all", "--check"]),
-        // Licences, bans and sources of the dependency graph (offline;
-        // policy: supply-chain.yaml).
+        // Licences, bans and sources of the dependency graph (policy:
+        // supply-chain.yaml).
         step("supply-chain", &["xtask", "supply-chain"]),
         step(
             "clippy",
