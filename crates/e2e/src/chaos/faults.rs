@@ -44,8 +44,13 @@ pub struct FaultFigures {
     pub kubelet_driver_restarts: Option<u64>,
     /// The held pod's container unchanged over the kubelet restart.
     pub kubelet_pod_unaffected: Option<bool>,
-    /// Driver start → checkpoint empty and the claim's CDI spec gone, ms.
+    /// The claim forgotten (checkpoint entry and CDI spec gone) 10 s after
+    /// the driver started, before any kubelet call.
+    pub reboot_forgotten_at_start: Option<bool>,
+    /// The held pod deleted → its claim forgotten, ms.
     pub reboot_forgotten_ms: Option<u64>,
+    /// A new pod ran after the simulated reboot.
+    pub reboot_new_pod_ok: Option<bool>,
     /// The pod of the forgotten claim deleted → gone, ms.
     pub reboot_delete_ms: Option<u64>,
     /// Driver restarts over the API server and etcd outage.
@@ -300,25 +305,31 @@ async fn reboot(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
     );
     cp["boot_id"] = serde_json::json!("chaos-simulated-earlier-boot");
     std::fs::write(&path, serde_json::to_vec(&cp)?)?;
-    let t = Instant::now();
     tb.start_driver("p5", DriverKind::Efa).await?;
-    kit::wait_for(
-        tb,
-        "the held claim forgotten",
-        Duration::from_secs(30),
-        || async {
-            let in_cp = tb
-                .checkpoint("p5", DriverKind::Efa)?
-                .is_some_and(|c| c.claims.contains_key(&claim));
-            let cdi = tb.cdi_spec_files("p5")?.iter().any(|s| s.contains(&claim));
-            Ok((!in_cp && !cdi).then_some(()))
-        },
-    )
-    .await?;
-    f.reboot_forgotten_ms = Some(t.elapsed().as_millis() as u64);
+    let forgotten = || -> Result<bool> {
+        let in_cp = tb
+            .checkpoint("p5", DriverKind::Efa)?
+            .is_some_and(|c| c.claims.contains_key(&claim));
+        let cdi = tb.cdi_spec_files("p5")?.iter().any(|s| s.contains(&claim));
+        Ok(!in_cp && !cdi)
+    };
+    // The driver reads its checkpoint when a prepare or unprepare comes,
+    // not at start: see whether the start alone cleaned up.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    f.reboot_forgotten_at_start = Some(forgotten()?);
     tb.cluster().await.start_kubelet(&stopped)?;
     let t = Instant::now();
     kit::delete_pods(tb, NAMESPACE, &[held], Duration::from_secs(120)).await?;
     f.reboot_delete_ms = Some(t.elapsed().as_millis() as u64);
+    kit::wait_for(
+        tb,
+        "the held claim forgotten",
+        Duration::from_secs(60),
+        || async { Ok(forgotten()?.then_some(())) },
+    )
+    .await?;
+    f.reboot_forgotten_ms = Some(t.elapsed().as_millis() as u64);
+    new_pod(tb, "after-reboot").await?;
+    f.reboot_new_pod_ok = Some(true);
     Ok(())
 }

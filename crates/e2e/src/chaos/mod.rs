@@ -123,7 +123,7 @@ impl ChaosReport {
                 }
             ),
             format!(
-                "| driver restart after a kill → pool complete | {} |",
+                "| driver start after a kill → its pool seen complete in the API | {} |",
                 ms_stats(&c.restart_ms)
             ),
             format!(
