@@ -67,7 +67,7 @@ pub struct CycleFigures {
     pub all_running_ms: Vec<u64>,
     /// Pods that did not run within the timeout (`cycle/pod: why`).
     pub not_run: Vec<String>,
-    /// Pods not gone within [`GONE`] of their deletion.
+    /// Pods not gone within 120 s of their deletion.
     pub stuck: Vec<String>,
     /// Devices held by two claims (allocation or checkpoint).
     pub double_held: Vec<String>,
