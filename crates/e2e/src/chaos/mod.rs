@@ -215,3 +215,27 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport> {
         seconds: started.elapsed().as_secs_f64(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_plan_is_reproducible_and_in_range() {
+        let (mut a, mut b) = (Rng::new(17), Rng::new(17));
+        for _ in 0..1000 {
+            let x = a.below(8000);
+            assert!(x < 8000);
+            assert_eq!(x, b.below(8000));
+        }
+    }
+
+    #[test]
+    fn stats_name_median_p95_and_max() {
+        assert_eq!(ms_stats(&[]), "-");
+        assert_eq!(
+            ms_stats(&[3000, 1000, 2000]),
+            "median 2.0 s, p95 3.0 s, max 3.0 s (n=3)"
+        );
+    }
+}
