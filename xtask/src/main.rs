@@ -3,6 +3,7 @@
 
 mod base_images;
 mod bench;
+mod chaos;
 mod chart_access;
 mod chart_checks;
 mod chart_daemonset;
@@ -65,6 +66,8 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Run the libFuzzer targets of fuzz/ (stable toolchain): `[TARGET] [--time S]`.
     Fuzz(fuzz::FuzzArgs),
+    /// Faults on the local cluster: SIGKILL cycles, kubelet restart, reboot, outages.
+    Chaos(chaos::ChaosArgs),
     /// Licence, ban and source checks of the dependency graph (policy: supply-chain.yaml).
     SupplyChain,
 }
@@ -81,5 +84,6 @@ fn main() -> anyhow::Result<()> {
         Task::Fuzz(args) => fuzz::run(args),
         Task::SupplyChain => supply_chain::run(),
         Task::Bench(args) => bench::run(args),
+        Task::Chaos(args) => chaos::run(args),
     }
 }

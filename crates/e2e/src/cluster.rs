@@ -41,7 +41,7 @@ pub(crate) struct Processes {
     /// Control-plane processes in start order (torn down in reverse).
     pub(crate) control_plane: Vec<ManagedProcess>,
     /// Per node: runtime and kubelet.
-    nodes: Vec<NodeProcesses>,
+    pub(crate) nodes: Vec<NodeProcesses>,
     /// Host processes started for a node (drivers, publishers), by node.
     host: Vec<ManagedProcess>,
     /// Every pid we started, to prove none is left.
@@ -158,7 +158,7 @@ pub struct LocalCluster {
     pub(crate) server: String,
     pub(crate) admin_kubeconfig: PathBuf,
     pub(crate) client: Option<kube::Client>,
-    nodes: Vec<LocalNode>,
+    pub(crate) nodes: Vec<LocalNode>,
 }
 
 impl LocalCluster {

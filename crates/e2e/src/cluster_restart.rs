@@ -87,7 +87,7 @@ impl LocalCluster {
 }
 
 /// A NUL-separated `/proc/<pid>/<file>` as strings.
-fn proc_strings(pid: i32, file: &str) -> Result<Vec<String>> {
+pub(crate) fn proc_strings(pid: i32, file: &str) -> Result<Vec<String>> {
     let path = format!("/proc/{pid}/{file}");
     let bytes = std::fs::read(&path).map_err(crate::error::io("reading", &path))?;
     Ok(bytes

@@ -18,10 +18,12 @@
 
 pub mod bench;
 mod cgroups;
+pub mod chaos;
 pub mod chart_testbed;
 pub mod charts;
 pub mod cluster;
 pub mod cluster_config;
+mod cluster_outage;
 mod cluster_restart;
 mod control_plane;
 pub mod error;

@@ -299,6 +299,11 @@ impl LocalTestbed {
         self.cluster.lock().await.node(node).cloned()
     }
 
+    /// The cluster, for faults below the testbed (`cargo xtask chaos`).
+    pub async fn cluster(&self) -> tokio::sync::MutexGuard<'_, LocalCluster> {
+        self.cluster.lock().await
+    }
+
     /// The process id of a running driver.
     pub fn driver_pid(&self, node: &str, kind: DriverKind) -> Option<i32> {
         self.with_slot(node, kind, |_, s| s.process.as_ref().map(HostProcess::pid))

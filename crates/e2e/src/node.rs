@@ -79,6 +79,20 @@ impl NodeProcesses {
         }
     }
 
+    /// The running kubelet's pid.
+    pub(crate) fn kubelet_pid(&self) -> Option<i32> {
+        self.kubelet.as_ref().map(ManagedProcess::pid)
+    }
+
+    /// Takes the kubelet out of the table (to stop it and start it again).
+    pub(crate) fn take_kubelet(&mut self) -> Option<ManagedProcess> {
+        self.kubelet.take()
+    }
+
+    pub(crate) fn set_kubelet(&mut self, kubelet: ManagedProcess) {
+        self.kubelet = Some(kubelet);
+    }
+
     pub(crate) fn stop_runtime(&mut self, grace: Duration) {
         self.containerd.terminate(grace);
         // Shims left containerd's process group but not its cgroup.

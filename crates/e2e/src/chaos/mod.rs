@@ -1,0 +1,241 @@
+//! `cargo xtask chaos`: the drivers under faults on the local cluster (real
+//! etcd, kube-apiserver, scheduler, kubelets and containerd; the drivers as
+//! host processes, as `cargo xtask e2e --cluster local` runs them).
+//!
+//! Parts, in this order, each on the same testbed:
+//! - [`cycles`]: pods with claims created and deleted while the drivers are
+//!   SIGKILLed at random moments, with the end checks;
+//! - [`faults`]: kubelet restarted while a pod holds a claim, a simulated
+//!   node reboot, and the API server stopped then etcd restarted.
+//!
+//! Figures are collected into a [`ChaosReport`] and printed as a table; a
+//! failed check is a figure (what was seen), not an early exit, so that one
+//! run reports everything.
+
+pub mod cycles;
+pub mod faults;
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::local::LocalTestbed;
+use crate::testbed::{LocalOptions, ManagedTestbed};
+use crate::versions::KubernetesVersion;
+pub use cycles::CycleFigures;
+pub use faults::FaultFigures;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ChaosOptions {
+    /// Create/delete cycles.
+    pub cycles: u64,
+    /// SIGKILLs per driver over the cycles.
+    pub kills: u64,
+    /// Stop starting cycles after this long (the figures say how many ran).
+    pub max_duration: Option<Duration>,
+    /// How long a pod may take to run (the kubelet retries a prepare that
+    /// failed while a driver was down on its pod-sync backoff).
+    pub pod_timeout: Duration,
+    /// Seed of the kill plan.
+    pub seed: u64,
+    /// Run the kubelet, reboot and outage faults after the cycles.
+    pub faults: bool,
+    pub kubernetes_version: KubernetesVersion,
+}
+
+/// A small xorshift generator: the kill plan is reproducible from its seed.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ChaosReport {
+    pub kubernetes_version: String,
+    pub seed: u64,
+    pub cycles_asked: u64,
+    pub kills_asked: u64,
+    pub cycles: CycleFigures,
+    pub faults: Option<FaultFigures>,
+    /// A part that could not finish, with its error.
+    pub errors: Vec<String>,
+    pub seconds: f64,
+}
+
+fn ms_stats(v: &[u64]) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    let p = |q: f64| s[((s.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "median {:.1} s, p95 {:.1} s, max {:.1} s (n={})",
+        p(0.5) as f64 / 1000.0,
+        p(0.95) as f64 / 1000.0,
+        s[s.len() - 1] as f64 / 1000.0,
+        s.len()
+    )
+}
+
+impl ChaosReport {
+    /// The figures as a Markdown table.
+    pub fn table(&self) -> Vec<String> {
+        let c = &self.cycles;
+        let mut rows = vec![
+            "| check | figure |".to_string(),
+            "| --- | --- |".to_string(),
+            format!(
+                "| create/delete cycles (5 pods, 4 claims each: single EFA, shared EFA, GPU+EFA aligned, Neuron) | {} run of {} asked, {:.0} s |",
+                c.cycles, self.cycles_asked, c.seconds
+            ),
+            format!(
+                "| SIGKILLs (asked {} per driver) | {} |",
+                self.kills_asked,
+                if c.kills.is_empty() {
+                    "none".to_string()
+                } else {
+                    c.kills
+                        .iter()
+                        .map(|(k, n)| format!("{k}: {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+            format!(
+                "| driver start after a kill → its pool seen complete in the API | {} |",
+                ms_stats(&c.restart_ms)
+            ),
+            format!(
+                "| pods that ran / created | {} / {} ({} distinct claims) |",
+                c.pods_ran, c.pods_created, c.claims
+            ),
+            format!(
+                "| cycle: created → all 5 pods Running | {} |",
+                ms_stats(&c.all_running_ms)
+            ),
+            format!(
+                "| pods stuck (not gone 120 s after deletion) | {} |",
+                list(&c.stuck)
+            ),
+            format!("| pods that did not run | {} |", list(&c.not_run)),
+            format!(
+                "| device held by two claims (allocations, checkpoints) | {} |",
+                list(&c.double_held)
+            ),
+            format!(
+                "| checkpoint entry or CDI spec left for a deleted claim (90 s) | {} |",
+                list(&c.leftovers)
+            ),
+        ];
+        if let Some(f) = &self.faults {
+            rows.extend(f.rows());
+        }
+        for e in &self.errors {
+            rows.push(format!("| part not finished | {e} |"));
+        }
+        rows
+    }
+}
+
+fn list(v: &[String]) -> String {
+    match v.len() {
+        0 => "0".into(),
+        n if n <= 3 => format!("{n}: {}", v.join("; ")),
+        n => format!("{n}: {}; …", v[..3].join("; ")),
+    }
+}
+
+/// Brings the testbed up (p5 with EFA and the test GPU driver, trn2 with
+/// EFA and Neuron), runs the parts and shuts it down.
+pub async fn run(options: &ChaosOptions) -> Result<ChaosReport> {
+    let started = Instant::now();
+    let testbed = LocalTestbed::start(LocalOptions {
+        kubernetes_version: options.kubernetes_version.clone(),
+        ..LocalOptions::default()
+    })
+    .await?;
+    eprintln!(
+        "==> chaos: testbed up in {:.0}s; logs in {}",
+        started.elapsed().as_secs_f64(),
+        testbed.run_dir().display()
+    );
+    let mut rng = Rng::new(options.seed);
+    let mut errors = Vec::new();
+    let cycles = match cycles::run(&testbed, options, &mut rng).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("==> chaos: cycles failed: {e:#}");
+            errors.push(format!("cycles: {e:#}"));
+            CycleFigures::default()
+        }
+    };
+    let faults = if options.faults {
+        let mut f = FaultFigures::default();
+        if let Err(e) = faults::run(&testbed, &mut f).await {
+            eprintln!("==> chaos: faults failed: {e:#}");
+            errors.push(format!("faults: {e:#}"));
+        }
+        Some(f)
+    } else {
+        None
+    };
+    let report = testbed.shutdown();
+    if !report.is_clean() {
+        errors.push(format!("teardown left {report:?}"));
+    }
+    Ok(ChaosReport {
+        kubernetes_version: options.kubernetes_version.to_string(),
+        seed: options.seed,
+        cycles_asked: options.cycles,
+        kills_asked: options.kills,
+        cycles,
+        faults,
+        errors,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_plan_is_reproducible_and_in_range() {
+        let (mut a, mut b) = (Rng::new(17), Rng::new(17));
+        for _ in 0..1000 {
+            let x = a.below(8000);
+            assert!(x < 8000);
+            assert_eq!(x, b.below(8000));
+        }
+    }
+
+    #[test]
+    fn stats_name_median_p95_and_max() {
+        assert_eq!(ms_stats(&[]), "-");
+        assert_eq!(
+            ms_stats(&[3000, 1000, 2000]),
+            "median 2.0 s, p95 3.0 s, max 3.0 s (n=3)"
+        );
+    }
+}

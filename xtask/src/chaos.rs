@@ -1,0 +1,90 @@
+//! `cargo xtask chaos`: the drivers under faults on the local cluster
+//! (`e2e::chaos`): create/delete cycles with random SIGKILLs, kubelet
+//! restart, simulated reboot, API server and etcd outage. Prints a figures
+//! table (Markdown, for docs/reliability.md) and writes
+//! `<work-dir>/chaos-<version>.json`.
+//!
+//! It starts a local cluster: run it under `flock /tmp/aws-dra-e2e.lock` on
+//! a shared machine, as the end-to-end suite. The drivers are the binaries
+//! next to xtask (`cargo build -p efa-driver -p neuron-driver -p e2e
+//! --bins` first), or those in `AWS_DRA_BIN_DIR`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+#[derive(clap::Args)]
+pub struct ChaosArgs {
+    /// Create/delete cycles (5 pods with 4 claims each).
+    #[arg(long, default_value_t = 1000)]
+    cycles: u64,
+    /// SIGKILLs per driver (EFA on p5, Neuron on trn2) spread over the cycles.
+    #[arg(long, default_value_t = 100)]
+    kills: u64,
+    /// Stop starting cycles after this many minutes (0: no limit); the
+    /// table says how many ran.
+    #[arg(long, default_value_t = 0)]
+    max_minutes: u64,
+    /// How long a pod may take to run, seconds.
+    #[arg(long, default_value_t = 300)]
+    pod_timeout: u64,
+    /// Seed of the kill plan (default: the clock).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Skip the kubelet restart, reboot and outage faults.
+    #[arg(long)]
+    no_faults: bool,
+    /// Kubernetes release (a minor such as `1.37`, or an exact version).
+    #[arg(long, default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    kubernetes: String,
+    /// Where the JSON report goes (relative to the repository root).
+    #[arg(long, default_value = ".e2e")]
+    work_dir: PathBuf,
+}
+
+pub fn run(args: ChaosArgs) -> Result<()> {
+    let root = crate::paths::repo_root();
+    let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
+    let t = Instant::now();
+    e2e::toolchain::ensure_built(e2e::toolchain::BuildOptions {
+        kubernetes_version: version.clone(),
+        install_host_packages: true,
+        progress: Box::new(move |line| {
+            eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
+        }),
+    })
+    .context("building the local cluster's components")?;
+    crate::helm::ensure(&root)?;
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let options = e2e::chaos::ChaosOptions {
+        cycles: args.cycles,
+        kills: args.kills,
+        max_duration: (args.max_minutes > 0).then(|| Duration::from_secs(args.max_minutes * 60)),
+        pod_timeout: Duration::from_secs(args.pod_timeout),
+        seed,
+        faults: !args.no_faults,
+        kubernetes_version: version.clone(),
+    };
+    eprintln!(
+        "==> chaos: Kubernetes {version}, {} cycles, {} kills per driver, seed {seed}",
+        args.cycles, args.kills
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(e2e::chaos::run(&options))?;
+    for line in report.table() {
+        println!("{line}");
+    }
+    let work = root.join(&args.work_dir);
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let path = work.join(format!("chaos-{version}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("==> chaos: wrote {}", path.display());
+    Ok(())
+}
