@@ -249,6 +249,17 @@ pub fn run(args: CiArgs) -> Result<()> {
     for line in e2e_summary(&work) {
         eprintln!("{line}");
     }
+    // A side-by-side leg's output is interleaved with the others' and long:
+    // what failed is repeated here, at the end, where a CI log's tail shows it.
+    for name in &failed {
+        let log = work.join(format!("ci-{name}.log"));
+        if let Ok(text) = std::fs::read_to_string(&log) {
+            eprintln!("ci: why {name} failed (from {}):", log.display());
+            for line in failure_excerpt(&text) {
+                eprintln!("ci: [{name}] {line}");
+            }
+        }
+    }
     if !failed.is_empty() {
         bail!("ci failed: {}", failed.join(", "));
     }
@@ -322,22 +333,38 @@ fn run_side_by_side(
         }
         running.push((step.name, child, copiers));
     }
+    // Each leg is waited for on its own thread, so that its duration is its
+    // own and its result is announced when it ends, not when the legs before
+    // it in the list end.
+    let waiters: Vec<_> = running
+        .into_iter()
+        .map(|(name, mut child, copiers)| {
+            let log = work.join(format!("ci-{name}.log"));
+            std::thread::spawn(move || {
+                let status = child.wait();
+                for c in copiers {
+                    let _ = c.join();
+                }
+                let took = started.elapsed();
+                let ok = status.as_ref().is_ok_and(|s| s.success());
+                eprintln!(
+                    "==> ci: {name} {} after {:.0}s (whole output: {})",
+                    if ok { "ok" } else { "FAILED" },
+                    took.as_secs_f64(),
+                    log.display()
+                );
+                status
+                    .with_context(|| format!("waiting for step {name}"))
+                    .map(|_| (name, ok, took))
+            })
+        })
+        .collect();
     let mut outcomes = Vec::new();
-    for (name, mut child, copiers) in running {
-        let status = child
-            .wait()
-            .with_context(|| format!("waiting for step {name}"))?;
-        for c in copiers {
-            let _ = c.join();
-        }
-        let took = started.elapsed();
-        eprintln!(
-            "==> ci: {name} {} after {:.0}s (whole output: {})",
-            if status.success() { "ok" } else { "FAILED" },
-            took.as_secs_f64(),
-            work.join(format!("ci-{name}.log")).display()
+    for w in waiters {
+        outcomes.push(
+            w.join()
+                .map_err(|_| anyhow::anyhow!("a step's waiter panicked"))??,
         );
-        outcomes.push((name, status.success(), took));
     }
     Ok(outcomes)
 }
@@ -359,6 +386,49 @@ fn prefix_lines(name: &str, stream: Box<dyn Read + Send>, log: &Mutex<std::fs::F
             let _ = writeln!(f, "{text}");
         }
     }
+}
+
+/// The lines of a failed leg's log that say why: each failed test's section
+/// of cargo test's `failures:` block, then the log's last lines (the error
+/// of a leg that failed before or after its tests). Long lines are cut.
+fn failure_excerpt(log: &str) -> Vec<String> {
+    const DETAIL_LINES: usize = 60;
+    const TAIL_LINES: usize = 12;
+    const LINE_CHARS: usize = 1500;
+    let cut = |l: &str| {
+        if l.chars().count() > LINE_CHARS {
+            format!("{}…", l.chars().take(LINE_CHARS).collect::<String>())
+        } else {
+            l.to_string()
+        }
+    };
+    let lines: Vec<&str> = log.lines().collect();
+    let mut out = Vec::new();
+    // cargo test prints `failures:` twice: the details, then the names.
+    let marks: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.trim_end() == "failures:")
+        .map(|(i, _)| i)
+        .collect();
+    let mut details_end = 0;
+    for pair in marks.chunks(2) {
+        let from = pair[0] + 1;
+        let to = pair.get(1).copied().unwrap_or(lines.len());
+        let section: Vec<&str> = lines[from..to]
+            .iter()
+            .copied()
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        out.extend(section.iter().take(DETAIL_LINES).map(|l| cut(l)));
+        if section.len() > DETAIL_LINES {
+            out.push(format!("… {} more lines", section.len() - DETAIL_LINES));
+        }
+        details_end = to;
+    }
+    let tail_from = lines.len().saturating_sub(TAIL_LINES).max(details_end);
+    out.extend(lines[tail_from..].iter().map(|l| cut(l)));
+    out
 }
 
 /// One line per release and testbed that ran: outcome counts and every skip
@@ -473,5 +543,44 @@ mod tests {
         assert_eq!(lines, ["one", "three", "two"]);
         let b = std::fs::read_to_string(work.path().join("ci-b.log")).unwrap();
         assert_eq!(b, "late\n");
+        // Durations are each leg's own: a fast leg listed first is not
+        // charged with a slower leg's time.
+        let outcomes = run_side_by_side(
+            vec![sh("slow", "sleep 1"), sh("fast", "true")],
+            None,
+            work.path(),
+        )
+        .unwrap();
+        assert!(outcomes[0].2 >= Duration::from_secs(1));
+        assert!(outcomes[1].2 < Duration::from_millis(900), "{outcomes:?}");
+    }
+
+    #[test]
+    fn failure_excerpt_shows_each_failed_test_and_the_error() {
+        let log = "running 3 tests\n\
+            test a ... ok\n\
+            test b ... FAILED\n\
+            noise\n\
+            failures:\n\
+            \n\
+            ---- b ----\n\
+            pod x not Running after 5s\n\
+            \n\
+            failures:\n    b\n\
+            test result: FAILED. 1 passed; 1 failed\n\
+            Error: end-to-end tests failed\n";
+        let ex = failure_excerpt(log);
+        assert_eq!(ex[0], "---- b ----");
+        assert_eq!(ex[1], "pod x not Running after 5s");
+        assert!(ex.iter().any(|l| l == "Error: end-to-end tests failed"));
+        assert!(!ex.iter().any(|l| l == "noise"));
+        // A leg that failed before any test: its last lines.
+        let early =
+            (0..30).map(|i| format!("line {i}\n")).collect::<String>() + "Error: bring-up\n";
+        let ex = failure_excerpt(&early);
+        assert_eq!(ex.last().unwrap(), "Error: bring-up");
+        assert_eq!(ex.len(), 12);
+        let long = "x".repeat(5000);
+        assert!(failure_excerpt(&long)[0].chars().count() <= 1501);
     }
 }
