@@ -25,6 +25,24 @@ impl Default for BackoffConfig {
     }
 }
 
+impl BackoffConfig {
+    /// The ResourceSlice watch's reconnect policy: 0.5 s doubling to at most
+    /// 5 s. After an API server outage the watch is back at most 5 s after
+    /// the server (the relist and the repair of a pool take well under a
+    /// second more), so a pool deleted or changed during or right after the
+    /// outage is whole again within 10 s of the return. The price: while the
+    /// server is down each driver tries once every 2.5 to 5 s (a refused
+    /// connection), and the relists of a whole fleet arrive spread over
+    /// those 5 s, which the API server answers from its watch cache. The
+    /// writes keep [`BackoffConfig::default`]: a write that fails with the
+    /// server up is retried at once only when the watch shows the server
+    /// back (see [`crate::publish::publisher`]).
+    pub const WATCH: Self = Self {
+        initial: Duration::from_millis(500),
+        max: Duration::from_secs(5),
+    };
+}
+
 /// Backoff state: failures since the last success.
 #[derive(Debug, Clone)]
 pub struct Backoff {
@@ -67,6 +85,34 @@ impl Backoff {
     }
 }
 
+/// [`Backoff`] as the retry policy of a `kube` watch stream
+/// (`WatchStreamExt::backoff`), which resets it on every event the watch
+/// delivers.
+#[derive(Debug, Clone)]
+pub struct WatchBackoff(Backoff);
+
+impl WatchBackoff {
+    /// Fresh state with these bounds.
+    pub fn new(config: BackoffConfig) -> Self {
+        Self(Backoff::new(config))
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    /// Never ends: a watch is retried for as long as the driver runs.
+    fn next(&mut self) -> Option<Duration> {
+        Some(self.0.next_delay())
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +128,28 @@ mod tests {
         b.reset();
         assert_eq!(b.next_delay_with(0.0), Duration::from_millis(50));
         assert_eq!(b.next_delay_with(0.5), Duration::from_millis(150));
+    }
+
+    #[test]
+    fn watch_backoff_is_capped_at_five_seconds_and_resets() {
+        use kube::runtime::utils::Backoff as _;
+        let mut b = WatchBackoff::new(BackoffConfig::WATCH);
+        let delays: Vec<Duration> = (0..20).map(|_| b.next().unwrap()).collect();
+        // First retry within [0.25, 0.5] s; never more than 5 s, however
+        // long the outage; the capped window is [2.5, 5] s.
+        assert!(delays[0] >= Duration::from_millis(250) && delays[0] <= Duration::from_millis(500));
+        assert!(
+            delays.iter().all(|d| *d <= Duration::from_secs(5)),
+            "{delays:?}"
+        );
+        assert!(
+            delays[10..]
+                .iter()
+                .all(|d| *d >= Duration::from_millis(2500)),
+            "{delays:?}"
+        );
+        b.reset();
+        assert!(b.next().unwrap() <= Duration::from_millis(500));
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub(crate) mod quantity;
 pub mod reconcile;
 pub mod validate;
 
-pub use backoff::{Backoff, BackoffConfig};
+pub use backoff::{Backoff, BackoffConfig, WatchBackoff};
 pub use desired::{
     DesiredPool, MAX_COUNTER_SETS_PER_SLICE, MAX_DEVICES_PER_SLICE, NodeOwner, PoolContent,
     desired_pool, desired_pool_with_counters, desired_slices, desired_slices_with_counters,
