@@ -44,9 +44,11 @@ pub struct FaultFigures {
     pub kubelet_driver_restarts: Option<u64>,
     /// The held pod's container unchanged over the kubelet restart.
     pub kubelet_pod_unaffected: Option<bool>,
-    /// The claim forgotten (checkpoint entry and CDI spec gone) 10 s after
-    /// the driver started, before any kubelet call.
+    /// The claim forgotten (checkpoint entry and CDI spec gone) within 10 s
+    /// of the driver's start, before any kubelet call.
     pub reboot_forgotten_at_start: Option<bool>,
+    /// Driver started (kubelet still down) → claim forgotten, ms.
+    pub reboot_start_ms: Option<u64>,
     /// The held pod deleted → its claim forgotten, ms.
     pub reboot_forgotten_ms: Option<u64>,
     /// A new pod ran after the simulated reboot.
@@ -88,7 +90,15 @@ impl FaultFigures {
                 opt_s(self.kubelet_new_pod_ms)
             ),
             format!(
-                "| simulated reboot (other boot id in the EFA checkpoint): driver start → claim forgotten, CDI spec removed | {} |",
+                "| simulated reboot (other boot id in the EFA checkpoint), kubelet down: driver start → claim forgotten, CDI spec removed | {} |",
+                match (self.reboot_forgotten_at_start, self.reboot_start_ms) {
+                    (Some(true), ms) => opt_s(ms),
+                    (Some(false), _) => "not within 10 s".to_string(),
+                    (None, _) => "not measured".to_string(),
+                }
+            ),
+            format!(
+                "| … kubelet back, pod of the old claim deleted → claim in neither checkpoint nor CDI | {} |",
                 opt_s(self.reboot_forgotten_ms)
             ),
             format!(
@@ -230,6 +240,9 @@ async fn outage(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
     let back = Instant::now();
     let slices: Api<ResourceSlice> = Api::all(tb.client());
     let nodes = tb.nodes();
+    // Every driver's slices deleted at once, then every pool timed from
+    // that moment side by side (one after the other, a slow first driver
+    // would hide how fast the others were).
     for (node, kind) in DRIVERS {
         let lp = ListParams::default().fields(&format!(
             "spec.nodeName={node},spec.driver={}",
@@ -240,29 +253,38 @@ async fn outage(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
                 let _ = slices.delete(&name, &DeleteParams::default()).await;
             }
         }
+    }
+    let deleted = Instant::now();
+    let client = tb.client();
+    let waits = DRIVERS.iter().map(|&(node, kind)| {
         let expected = nodes
             .iter()
             .find(|n| n.name == node)
             .map_or(0, |n| kind.expected_devices(&n.fixture));
-        let t = Instant::now();
-        let complete = wait_pool_complete(
-            &tb.client(),
-            node,
-            kind,
-            expected,
-            Duration::from_secs(60),
-            || Ok(()),
-        )
-        .await?;
-        ensure!(
-            complete,
-            "{} on {node}: pool not complete 60 s after its slices were deleted",
-            kind.binary()
-        );
-        f.outage_slices_ms.push((
-            format!("{node}/{}", kind.binary()),
-            t.elapsed().as_millis() as u64,
-        ));
+        let client = client.clone();
+        async move {
+            let complete = wait_pool_complete(
+                &client,
+                node,
+                kind,
+                expected,
+                Duration::from_secs(60),
+                || Ok(()),
+            )
+            .await?;
+            ensure!(
+                complete,
+                "{} on {node}: pool not complete 60 s after its slices were deleted",
+                kind.binary()
+            );
+            Ok::<_, anyhow::Error>((
+                format!("{node}/{}", kind.binary()),
+                deleted.elapsed().as_millis() as u64,
+            ))
+        }
+    });
+    for done in futures::future::join_all(waits).await {
+        f.outage_slices_ms.push(done?);
     }
     f.outage_driver_restarts = Some(restarts(&before, tb));
     f.outage_pod_unaffected = Some(container(tb, held).await? == held_before);
@@ -297,13 +319,18 @@ async fn reboot(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
         || async { Ok((!tb.driver_running("p5", DriverKind::Efa)).then_some(())) },
     )
     .await?;
-    let mut cp: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    // Typed, so the boot id lands in the field the driver reads (an
+    // untyped edit once wrote `boot_id` beside the real `bootId`, and the
+    // "reboot" was no reboot at all).
+    let mut cp: dra_core::checkpoint::Checkpoint =
+        serde_json::from_slice(&std::fs::read(&path)?)
+            .with_context(|| format!("reading {}", path.display()))?;
     ensure!(
-        cp["claims"].get(&claim).is_some(),
+        cp.claims.contains_key(&claim),
         "the held claim {claim} is not in {}",
         path.display()
     );
-    cp["boot_id"] = serde_json::json!("chaos-simulated-earlier-boot");
+    cp.boot_id = "chaos-simulated-earlier-boot".into();
     std::fs::write(&path, serde_json::to_vec(&cp)?)?;
     tb.start_driver("p5", DriverKind::Efa).await?;
     let forgotten = || -> Result<bool> {
@@ -313,10 +340,20 @@ async fn reboot(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
         let cdi = tb.cdi_spec_files("p5")?.iter().any(|s| s.contains(&claim));
         Ok(!in_cp && !cdi)
     };
-    // The driver reads its checkpoint when a prepare or unprepare comes,
-    // not at start: see whether the start alone cleaned up.
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    f.reboot_forgotten_at_start = Some(forgotten()?);
+    // The driver reads its checkpoint (and compares the boot id) at start,
+    // before the kubelet is back: the start alone must clean up.
+    let t = Instant::now();
+    let at_start = kit::wait_for(
+        tb,
+        "the held claim forgotten at the driver's start",
+        Duration::from_secs(10),
+        || async { Ok(forgotten()?.then_some(())) },
+    )
+    .await;
+    f.reboot_forgotten_at_start = Some(at_start.is_ok());
+    if at_start.is_ok() {
+        f.reboot_start_ms = Some(t.elapsed().as_millis() as u64);
+    }
     tb.cluster().await.start_kubelet(&stopped)?;
     let t = Instant::now();
     kit::delete_pods(tb, NAMESPACE, &[held], Duration::from_secs(120)).await?;
