@@ -334,8 +334,14 @@ impl<D: Driver> ClaimPipeline<D> {
         for claim in &requested {
             let started = Instant::now();
             let outcome = match checkpoint.claims.get(&claim.uid) {
-                // Unknown: never prepared here, or already unprepared.
-                None => Ok(()),
+                // Unknown: never prepared here, already unprepared, or
+                // prepared before a checkpoint was lost (found corrupt and
+                // moved aside). In that last case a spec under this claim's
+                // name may still be there: nothing else would ever remove it.
+                None => self
+                    .cdi
+                    .remove(&self.cdi.spec_path(&claim.uid))
+                    .map_err(|e| format!("unpreparing claim {claim}: {e}")),
                 Some(prepared) => {
                     let result = async {
                         self.driver

@@ -388,3 +388,34 @@ async fn a_recorded_claim_without_its_spec_is_prepared_again() {
     assert_eq!(driver.prepares.lock().unwrap().len(), 2, "prepared again");
     assert!(spec.exists(), "spec rewritten");
 }
+
+/// A checkpoint found corrupt is moved aside and the driver starts empty;
+/// the kubelet's later unprepare of a claim prepared before that still
+/// removes the claim's CDI spec (named after the claim), so nothing leaks.
+#[tokio::test]
+async fn unprepare_after_a_lost_checkpoint_removes_the_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
+    let c = add(&claims, "c", "dev-1");
+    prepare(&p, &c).await.unwrap();
+    let spec = p.checkpoint.load().unwrap().claims["uid-c"]
+        .cdi_spec_path
+        .clone();
+    assert!(spec.exists());
+    let checkpoint = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n == "checkpoint.json"))
+        .expect("checkpoint.json in the data dir");
+    std::fs::write(&checkpoint, b"{not json").unwrap();
+    assert!(in_checkpoint(&p).is_empty(), "corrupt: starts empty");
+
+    let answers = p.unprepare(vec![c.clone()]).await.unwrap();
+    assert_eq!(answers["uid-c"], Ok(()));
+    assert!(!spec.exists(), "spec of the forgotten claim left behind");
+    // A claim never prepared here: still a plain success.
+    let other = add(&claims, "other", "dev-2");
+    assert_eq!(p.unprepare(vec![other]).await.unwrap()["uid-other"], Ok(()));
+}
