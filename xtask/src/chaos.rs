@@ -1,7 +1,8 @@
 //! `cargo xtask chaos`: the drivers under faults on the local cluster
 //! (`e2e::chaos`): create/delete cycles with random SIGKILLs, kubelet
-//! restart, simulated reboot, API server and etcd outage. Prints a figures
-//! table (Markdown, for docs/reliability.md) and writes
+//! restart, simulated reboot, API server and etcd outage, disk faults
+//! (corrupt checkpoint, full CDI directory, read-only checkpoint directory).
+//! Prints a figures table (Markdown, for docs/reliability.md) and writes
 //! `<work-dir>/chaos-<version>.json`.
 //!
 //! It starts a local cluster: run it under `flock /tmp/aws-dra-e2e.lock` on
@@ -32,7 +33,7 @@ pub struct ChaosArgs {
     /// Seed of the kill plan (default: the clock).
     #[arg(long)]
     seed: Option<u64>,
-    /// Skip the kubelet restart, reboot and outage faults.
+    /// Skip the kubelet restart, reboot, outage and disk faults.
     #[arg(long)]
     no_faults: bool,
     /// Kubernetes release (a minor such as `1.37`, or an exact version).

@@ -6,13 +6,16 @@
 //! - [`cycles`]: pods with claims created and deleted while the drivers are
 //!   SIGKILLed at random moments, with the end checks;
 //! - [`faults`]: kubelet restarted while a pod holds a claim, a simulated
-//!   node reboot, and the API server stopped then etcd restarted.
+//!   node reboot, and the API server stopped then etcd restarted;
+//! - [`disk`]: a corrupt checkpoint, a full CDI directory and a read-only
+//!   checkpoint directory under the EFA driver.
 //!
 //! Figures are collected into a [`ChaosReport`] and printed as a table; a
 //! failed check is a figure (what was seen), not an early exit, so that one
 //! run reports everything.
 
 pub mod cycles;
+pub mod disk;
 pub mod faults;
 
 use std::time::{Duration, Instant};
@@ -23,6 +26,7 @@ use crate::local::LocalTestbed;
 use crate::testbed::{LocalOptions, ManagedTestbed};
 use crate::versions::KubernetesVersion;
 pub use cycles::CycleFigures;
+pub use disk::DiskFigures;
 pub use faults::FaultFigures;
 
 /// What to run.
@@ -39,7 +43,7 @@ pub struct ChaosOptions {
     pub pod_timeout: Duration,
     /// Seed of the kill plan.
     pub seed: u64,
-    /// Run the kubelet, reboot and outage faults after the cycles.
+    /// Run the kubelet, reboot, outage and disk faults after the cycles.
     pub faults: bool,
     pub kubernetes_version: KubernetesVersion,
 }
@@ -77,6 +81,7 @@ pub struct ChaosReport {
     pub kills_asked: u64,
     pub cycles: CycleFigures,
     pub faults: Option<FaultFigures>,
+    pub disk: Option<DiskFigures>,
     /// A part that could not finish, with its error.
     pub errors: Vec<String>,
     pub seconds: f64,
@@ -151,6 +156,9 @@ impl ChaosReport {
         if let Some(f) = &self.faults {
             rows.extend(f.rows());
         }
+        if let Some(d) = &self.disk {
+            rows.extend(d.rows());
+        }
         for e in &self.errors {
             rows.push(format!("| part not finished | {e} |"));
         }
@@ -200,6 +208,16 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport> {
     } else {
         None
     };
+    let disk = if options.faults {
+        let mut d = DiskFigures::default();
+        if let Err(e) = disk::run(&testbed, &mut d).await {
+            eprintln!("==> chaos: disk faults failed: {e:#}");
+            errors.push(format!("disk: {e:#}"));
+        }
+        Some(d)
+    } else {
+        None
+    };
     let report = testbed.shutdown();
     if !report.is_clean() {
         errors.push(format!("teardown left {report:?}"));
@@ -211,6 +229,7 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport> {
         kills_asked: options.kills,
         cycles,
         faults,
+        disk,
         errors,
         seconds: started.elapsed().as_secs_f64(),
     })
