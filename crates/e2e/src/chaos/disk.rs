@@ -6,7 +6,7 @@
 //! - a full CDI directory (a 16 KiB tmpfs, filled, mounted over the node's
 //!   CDI directory): the pod gets a `FailedPrepareDynamicResources` event
 //!   that says the disk is full, the driver keeps running, and the pod runs
-//!   once space is freed;
+//!   once the space is back (the mount removed);
 //! - an unwritable checkpoint directory (the plugin data directory bind
 //!   mounted read-only over itself): the same, with "read-only".
 //!
@@ -41,7 +41,7 @@ pub struct DiskFigures {
     pub corrupt_specs_left: Option<usize>,
     /// Full CDI directory: the event's message.
     pub full_event: Option<String>,
-    /// Space freed → the pod Running, ms.
+    /// Space back (the tmpfs removed) → the pod Running, ms.
     pub full_recovered_ms: Option<u64>,
     /// Read-only checkpoint directory: the event's message.
     pub readonly_event: Option<String>,
@@ -82,7 +82,7 @@ impl DiskFigures {
                 opt(&self.full_event)
             ),
             format!(
-                "| … space freed → pod Running | {} |",
+                "| … space back (tmpfs removed) → pod Running | {} |",
                 opt_s(self.full_recovered_ms)
             ),
             format!(
@@ -234,13 +234,12 @@ async fn failed_prepare(tb: &LocalTestbed, pod: &str) -> Result<String> {
 }
 
 async fn full_cdi(tb: &LocalTestbed, f: &mut DiskFigures, cdi_dir: &Path) -> Result<()> {
-    // The specs already there stay readable underneath once it is undone;
-    // no pod is started while it is mounted except the one under test.
+    // The specs already there are hidden while it is mounted; no pod is
+    // started meanwhile except the one under test.
     mount(&["-t", "tmpfs", "-o", "size=16k", "tmpfs"], cdi_dir)?;
-    let _mounted = Mounted(cdi_dir.to_path_buf());
-    let filler = cdi_dir.join("filler");
+    let mounted = Mounted(cdi_dir.to_path_buf());
     // Fill it to the last byte (the write that no longer fits fails).
-    let _ = std::fs::write(&filler, vec![0u8; 64 * 1024]);
+    let _ = std::fs::write(cdi_dir.join("filler"), vec![0u8; 64 * 1024]);
     kit::apply_all(tb, NAMESPACE, &[efa_pod(tb, "cdi-full")]).await?;
     let message = failed_prepare(tb, "cdi-full").await?;
     ensure!(
@@ -248,11 +247,16 @@ async fn full_cdi(tb: &LocalTestbed, f: &mut DiskFigures, cdi_dir: &Path) -> Res
         "the event does not say the disk is full: {message:?}"
     );
     f.full_event = Some(message);
-    std::fs::remove_file(&filler)?;
+    // Space comes back by removing the mount, not the filler: containerd
+    // watches the CDI directory with inotify, on the directory underneath,
+    // so a spec written into the tmpfs would never reach it (the first run
+    // of this case saw "unresolvable CDI devices" after the driver had
+    // written the spec there). On a real full disk there is no second
+    // directory.
+    drop(mounted);
     let t = Instant::now();
     kit::running(tb, NAMESPACE, "cdi-full", RUNNING).await?;
     f.full_recovered_ms = Some(t.elapsed().as_millis() as u64);
-    // Its spec lives on the tmpfs: unprepare before the mount goes.
     kit::delete_pods(tb, NAMESPACE, &["cdi-full"], Duration::from_secs(120)).await
 }
 

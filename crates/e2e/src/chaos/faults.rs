@@ -337,7 +337,13 @@ async fn reboot(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
         let in_cp = tb
             .checkpoint("p5", DriverKind::Efa)?
             .is_some_and(|c| c.claims.contains_key(&claim));
-        let cdi = tb.cdi_spec_files("p5")?.iter().any(|s| s.contains(&claim));
+        // Only the EFA driver's spec: the claim also holds a GPU, whose
+        // driver keeps its spec until the kubelet unprepares the claim.
+        let efa_spec = format!("k8s.{}-", DriverKind::Efa.driver_name());
+        let cdi = tb
+            .cdi_spec_files("p5")?
+            .iter()
+            .any(|s| s.starts_with(&efa_spec) && s.contains(&claim));
         Ok(!in_cp && !cdi)
     };
     // The driver reads its checkpoint (and compares the boot id) at start,
