@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail, ensure};
 
 use super::cycles::NAMESPACE;
+use super::faults::{opt, opt_s};
 use crate::local::LocalTestbed;
 use crate::scenarios::kit;
 use crate::testbed::{DriverKind, Testbed};
@@ -51,23 +52,13 @@ pub struct DiskFigures {
     pub driver_restarts: Option<u64>,
 }
 
-fn opt_s(v: Option<u64>) -> String {
-    v.map_or("not measured".into(), |ms| {
-        format!("{:.1} s", ms as f64 / 1000.0)
-    })
-}
-
-fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
-    v.as_ref().map_or("not measured".into(), |x| x.to_string())
-}
-
 impl DiskFigures {
     pub fn rows(&self) -> Vec<String> {
         vec![
             format!(
                 "| corrupt checkpoint (EFA, p5): moved aside / counted as corrupt | {} / {} |",
-                opt(&self.corrupt_moved_aside),
-                opt(&self.corrupt_counted)
+                opt(self.corrupt_moved_aside.as_ref()),
+                opt(self.corrupt_counted.as_ref())
             ),
             format!(
                 "| … corrupt → new pod Running | {} |",
@@ -75,11 +66,11 @@ impl DiskFigures {
             ),
             format!(
                 "| … CDI specs left 60 s after the pod of a claim prepared before the corruption was deleted | {} |",
-                opt(&self.corrupt_specs_left)
+                opt(self.corrupt_specs_left.as_ref())
             ),
             format!(
                 "| full CDI directory (16 KiB tmpfs): pod event | `{}` |",
-                opt(&self.full_event)
+                opt(self.full_event.as_ref())
             ),
             format!(
                 "| … space back (tmpfs removed) → pod Running | {} |",
@@ -87,7 +78,7 @@ impl DiskFigures {
             ),
             format!(
                 "| read-only checkpoint directory: pod event | `{}` |",
-                opt(&self.readonly_event)
+                opt(self.readonly_event.as_ref())
             ),
             format!(
                 "| … writable again → pod Running | {} |",
@@ -95,7 +86,7 @@ impl DiskFigures {
             ),
             format!(
                 "| driver restarts over the three disk faults | {} |",
-                opt(&self.driver_restarts)
+                opt(self.driver_restarts.as_ref())
             ),
         ]
     }

@@ -64,13 +64,13 @@ pub struct FaultFigures {
     pub outage_new_pod_ms: Option<u64>,
 }
 
-fn opt_s(v: Option<u64>) -> String {
+pub(super) fn opt_s(v: Option<u64>) -> String {
     v.map_or("not measured".into(), |ms| {
         format!("{:.1} s", ms as f64 / 1000.0)
     })
 }
 
-fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+pub(super) fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("not measured".into(), |x| x.to_string())
 }
 
