@@ -390,7 +390,10 @@ fn prefix_lines(name: &str, stream: Box<dyn Read + Send>, log: &Mutex<std::fs::F
 
 /// The lines of a failed leg's log that say why: each failed test's section
 /// of cargo test's `failures:` block, then the log's last lines (the error
-/// of a leg that failed before or after its tests). Long lines are cut.
+/// of a leg that failed before or after its tests). Long lines are cut; a
+/// line already shown is not shown again (a failed bring-up repeats its error,
+/// and the log lines in it, under every test), except the `---- test ----`
+/// headers, which name the tests that failed.
 fn failure_excerpt(log: &str) -> Vec<String> {
     const DETAIL_LINES: usize = 60;
     const TAIL_LINES: usize = 12;
@@ -415,10 +418,12 @@ fn failure_excerpt(log: &str) -> Vec<String> {
     for pair in marks.chunks(2) {
         let from = pair[0] + 1;
         let to = pair.get(1).copied().unwrap_or(lines.len());
+        let mut seen = std::collections::HashSet::new();
         let section: Vec<&str> = lines[from..to]
             .iter()
             .copied()
             .filter(|l| !l.trim().is_empty())
+            .filter(|l| (l.starts_with("---- ") && l.ends_with(" ----")) || seen.insert(*l))
             .collect();
         out.extend(section.iter().take(DETAIL_LINES).map(|l| cut(l)));
         if section.len() > DETAIL_LINES {
@@ -571,6 +576,13 @@ mod tests {
             Error: end-to-end tests failed\n";
         let ex = failure_excerpt(log);
         assert_eq!(ex[0], "---- b ----");
+        // The same error under two tests: shown once, both tests named.
+        let twice = "failures:\n---- a ----\nbring-up failed:\n    why\n\
+            ---- b ----\nbring-up failed:\n    why\nfailures:\n    a\n    b\n";
+        assert_eq!(
+            failure_excerpt(twice)[..4],
+            ["---- a ----", "bring-up failed:", "    why", "---- b ----"]
+        );
         assert_eq!(ex[1], "pod x not Running after 5s");
         assert!(ex.iter().any(|l| l == "Error: end-to-end tests failed"));
         assert!(!ex.iter().any(|l| l == "noise"));

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -91,23 +91,13 @@ pub struct PortAllocator {
 }
 
 impl PortAllocator {
-    /// A port that is free on `ip` now (the kernel picks; we never hand the same one out twice).
+    /// A port that is free on `ip` now, outside the ephemeral range and
+    /// reserved against other test processes (see [`crate::ports`]); never the
+    /// same one twice.
     pub fn pick(&mut self, ip: IpAddr) -> Result<u16> {
-        for _ in 0..50 {
-            let listener = TcpListener::bind((ip, 0))
-                .map_err(|source| Error::NoFreePort { addr: ip, source })?;
-            let port = listener
-                .local_addr()
-                .map_err(|source| Error::NoFreePort { addr: ip, source })?
-                .port();
-            if self.used.insert((ip, port)) {
-                return Ok(port);
-            }
-        }
-        Err(Error::NoFreePort {
-            addr: ip,
-            source: std::io::Error::other("kernel kept returning used ports"),
-        })
+        let port = crate::ports::reserve(ip, &|p| self.used.contains(&(ip, p)))?;
+        self.used.insert((ip, port));
+        Ok(port)
     }
 }
 

@@ -60,12 +60,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    #[error("process {name} (pid {pid}) exited early with {status}; log: {log}")]
+    #[error(
+        "process {name} (pid {pid}) exited early with {status}; log: {log}; its last lines:\n{tail}"
+    )]
     ProcessExited {
         name: String,
         pid: i32,
         status: String,
         log: PathBuf,
+        /// The log's last lines, so the error says why where only it is seen (CI).
+        tail: String,
     },
     #[error("timed out after {after:?} waiting for {what}; logs: {logs}")]
     Timeout {

@@ -3,7 +3,7 @@
 //! GET for metrics endpoints, and a process's resident memory.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -41,17 +41,9 @@ pub fn driver_bin_dir(kinds: &[DriverKind]) -> Result<PathBuf> {
         .ok_or_else(|| missing(candidates.first().map_or(Path::new("."), |p| p)))
 }
 
+/// A loopback port for a driver's metrics endpoint (see [`crate::ports`]).
 pub fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| Error::NoFreePort {
-        addr: std::net::IpAddr::from([127, 0, 0, 1]),
-        source,
-    })?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|source| Error::NoFreePort {
-            addr: std::net::IpAddr::from([127, 0, 0, 1]),
-            source,
-        })
+    crate::ports::reserve(std::net::IpAddr::from([127, 0, 0, 1]), &|_| false)
 }
 
 /// A plain HTTP/1.0 GET on loopback; the body on a 200.

@@ -38,6 +38,7 @@ pub mod paths;
 pub mod pki;
 pub mod pod_adapt;
 pub mod pools;
+pub mod ports;
 pub mod process;
 pub mod scenarios;
 pub mod testbed;

@@ -97,6 +97,7 @@ impl ManagedProcess {
                 pid: self.pid(),
                 status: status.clone(),
                 log: self.log.clone(),
+                tail: log_tail(&self.log, 8),
             }),
         }
     }
@@ -235,6 +236,24 @@ pub(crate) fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The last `n` lines of the log at `path`, each cut to 400 characters and
+/// indented; a note when it cannot be read.
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let Ok(bytes) = std::fs::read(path) else {
+        return format!("    (cannot read {})", path.display());
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| {
+            let cut: String = l.chars().take(400).collect();
+            format!("    {cut}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,10 +286,15 @@ mod tests {
     }
 
     #[test]
-    fn early_exit_names_the_log() {
+    fn early_exit_names_the_log_and_says_why() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("false.log");
-        let mut p = ManagedProcess::spawn("false", Command::new("false"), &log).unwrap();
+        let mut cmd = Command::new("sh");
+        cmd.args([
+            "-c",
+            "echo starting; echo 'listen tcp: bind: address already in use'; exit 1",
+        ]);
+        let mut p = ManagedProcess::spawn("false", cmd, &log).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         while p.is_running() {
             assert!(Instant::now() < deadline);
@@ -278,5 +302,10 @@ mod tests {
         }
         let err = p.check_running().unwrap_err().to_string();
         assert!(err.contains("false.log"), "{err}");
+        assert!(err.contains("exit status: 1"), "{err}");
+        assert!(
+            err.ends_with("    starting\n    listen tcp: bind: address already in use"),
+            "{err}"
+        );
     }
 }
