@@ -41,7 +41,7 @@ const INSTRUMENTATION: &[&str] = &[
 
 #[derive(clap::Args)]
 pub struct FuzzArgs {
-    /// One target (default: all of them, one after the other).
+    /// One target (default: all of them, `--parallel` at a time).
     target: Option<String>,
     /// Seconds per target.
     #[arg(long, default_value_t = 60)]
@@ -49,6 +49,9 @@ pub struct FuzzArgs {
     /// Parallel builds (`cargo build -j`).
     #[arg(long, default_value_t = 2)]
     jobs: u32,
+    /// Targets fuzzed at once (each is one process on one core).
+    #[arg(long, default_value_t = 1)]
+    parallel: usize,
     /// Only build the targets.
     #[arg(long)]
     build_only: bool,
@@ -81,15 +84,27 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         return Ok(());
     }
     let mut outcomes = Vec::new();
-    for target in &targets {
-        let binary = target_dir.join(&host).join("release").join(target);
-        outcomes.push(fuzz_one(
-            &fuzz_dir,
-            &target_dir,
-            &binary,
-            target,
-            args.time,
-        )?);
+    for chunk in targets.chunks(args.parallel.max(1)) {
+        let results: Vec<Result<Outcome>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|target| {
+                    let binary = target_dir.join(&host).join("release").join(target);
+                    let (fuzz_dir, target_dir) = (&fuzz_dir, &target_dir);
+                    scope.spawn(move || fuzz_one(fuzz_dir, target_dir, &binary, target, args.time))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| bail!("a fuzz runner thread panicked"))
+                })
+                .collect()
+        });
+        for r in results {
+            outcomes.push(r?);
+        }
     }
     println!(
         "\n{:<14} {:>8} {:>14} {:>10}  crashes",
