@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 use crate::chart_testbed::ChartTestbed;
 use crate::chart_testbed::host::{
     ChartHost, DRIVERS_IMAGE_REPOSITORY, DRIVERS_IMAGE_TAG, Deployment, HostPaths, NodeLayout,
-    ROLE_LABEL,
+    ROLE_LABEL, cri_image_ref,
 };
 use crate::cluster::TeardownReport;
 use crate::error::{Error, Result, io};
@@ -269,6 +269,24 @@ impl ChartHost for KindHost {
                 stderr.trim()
             )))
         }
+    }
+
+    fn tag_image(&self, node: &str, from: &str, to: &str) -> Result<()> {
+        let (from, to) = (cri_image_ref(from), cri_image_ref(to));
+        self.exec_ok(
+            node,
+            &[
+                "ctr",
+                "--namespace",
+                "k8s.io",
+                "images",
+                "tag",
+                "--force",
+                &from,
+                &to,
+            ],
+        )?;
+        Ok(())
     }
 
     fn kill_container(&self, node: &str, container_id: &str) -> Result<()> {

@@ -18,7 +18,7 @@ use sysfs_fixtures::Fixture;
 use crate::charts::{self, Chart};
 use crate::cluster::TeardownReport;
 use crate::cluster_config::selected_kubernetes_version;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::versions::KubernetesVersion;
 
 /// A driver the suite runs on a node.
@@ -112,6 +112,40 @@ pub fn rescan_interval_env() -> (String, String) {
         "RESCAN_INTERVAL_SECONDS".into(),
         RESCAN_INTERVAL.as_secs().to_string(),
     )
+}
+
+/// An operation only some testbeds offer ([`Testbed::offers`]): a scenario
+/// that needs one is reported as skipped, with [`TestbedOp::describe`] as
+/// the reason, on a testbed without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestbedOp {
+    /// [`Testbed::upgrade_driver_image`].
+    UpgradeDriverImage,
+}
+
+impl TestbedOp {
+    /// What a testbed must be able to do, for skip messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            TestbedOp::UpgradeDriverImage => {
+                "`helm upgrade` a driver's release to a new image (drivers installed from the charts)"
+            }
+        }
+    }
+}
+
+/// What [`Testbed::upgrade_driver_image`] did.
+#[derive(Debug, Clone)]
+pub struct ImageUpgrade {
+    /// The image reference the driver's pods run now.
+    pub image: String,
+    /// The Helm releases upgraded.
+    pub releases: Vec<String>,
+    /// `(node, time)`: from the first `helm upgrade` until that node's new
+    /// driver pod was Ready and its old pod gone.
+    pub nodes: Vec<(String, Duration)>,
+    /// From the first `helm upgrade` until every release had rolled out.
+    pub rollout: Duration,
 }
 
 /// What to start.
@@ -299,5 +333,21 @@ pub trait Testbed: Send + Sync {
     /// waits for that restart instead of starting the driver.
     fn restarts_crashed_drivers(&self) -> bool {
         false
+    }
+    /// The optional operations ([`TestbedOp`]) this testbed can do; the
+    /// harness skips scenarios that need another one.
+    fn offers() -> &'static [TestbedOp] {
+        &[]
+    }
+    /// Upgrades every release of the driver `kind` to a new image, as
+    /// `helm upgrade` does, and returns once the rollout is complete: a new
+    /// pod Ready on every node that runs the driver, and the old pods gone
+    /// ([`TestbedOp::UpgradeDriverImage`]).
+    async fn upgrade_driver_image(&self, kind: DriverKind) -> Result<ImageUpgrade> {
+        Err(Error::Testbed(format!(
+            "upgrading {} to a new image is not supported by this testbed: {}",
+            kind.binary(),
+            TestbedOp::UpgradeDriverImage.describe()
+        )))
     }
 }

@@ -24,6 +24,19 @@ pub const DRIVERS_IMAGE_TAG: &str = "e2e";
 /// Label naming a node's role (`p5`, `trn2`, `trn1`) on every testbed node.
 pub const ROLE_LABEL: &str = "e2e.aws-dra.dev/node";
 
+/// The name containerd stores an image under when a pod spec names it `r`
+/// (the CRI's normalization of Docker-style short names): `busybox:1` is
+/// `docker.io/library/busybox:1`, `aws/x:1` is `docker.io/aws/x:1`, and a
+/// name whose first part is a registry (`localhost/…`, `a.b/…`, `h:5000/…`)
+/// stays as it is.
+pub fn cri_image_ref(r: &str) -> String {
+    match r.split_once('/') {
+        None => format!("docker.io/library/{r}"),
+        Some((first, _)) if first == "localhost" || first.contains(['.', ':']) => r.to_string(),
+        Some(_) => format!("docker.io/{r}"),
+    }
+}
+
 /// The node label that runs `kind` there.
 pub fn run_label(kind: DriverKind) -> String {
     format!("{RUN_LABEL_PREFIX}{}", kind.binary())
@@ -84,6 +97,10 @@ pub trait ChartHost: Send + Sync {
     fn read_file(&self, node: &str, path: &str) -> Result<Option<Vec<u8>>>;
     /// Entry names of a directory on the node (empty when absent).
     fn list_dir(&self, node: &str, path: &str) -> Result<Vec<String>>;
+    /// Gives the image `from` the second name `to` in the node's containerd
+    /// (both as a pod spec names them): a pod naming `to` then runs the same
+    /// image without a pull.
+    fn tag_image(&self, node: &str, from: &str, to: &str) -> Result<()>;
     /// SIGKILL to the main process of a container (CRI id, no `containerd://`).
     fn kill_container(&self, node: &str, container_id: &str) -> Result<()>;
     /// VmRSS of a container's main process, KiB.
@@ -98,4 +115,28 @@ pub trait ChartHost: Send + Sync {
     fn shutdown(self) -> TeardownReport
     where
         Self: Sized;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_names_are_normalized_as_the_cri_does() {
+        for (spec, stored) in [
+            (
+                "aws-dra-drivers:e2e",
+                "docker.io/library/aws-dra-drivers:e2e",
+            ),
+            ("aws/drivers:1", "docker.io/aws/drivers:1"),
+            (
+                "localhost/aws-dra-e2e/drivers:e2e",
+                "localhost/aws-dra-e2e/drivers:e2e",
+            ),
+            ("public.ecr.aws/x/y:2", "public.ecr.aws/x/y:2"),
+            ("registry:5000/y:2", "registry:5000/y:2"),
+        ] {
+            assert_eq!(cri_image_ref(spec), stored, "{spec}");
+        }
+    }
 }

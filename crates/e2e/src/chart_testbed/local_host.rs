@@ -18,7 +18,7 @@ use crate::versions::KubernetesVersion;
 
 use super::host::{
     ChartHost, DRIVERS_IMAGE_REPOSITORY, DRIVERS_IMAGE_TAG, Deployment, HostPaths, NodeLayout,
-    ROLE_LABEL,
+    ROLE_LABEL, cri_image_ref,
 };
 use super::{ChartTestbed, block};
 
@@ -238,6 +238,18 @@ impl ChartHost for LocalChartHost {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
             Err(e) => Err(io("listing", Path::new(path))(e)),
         }
+    }
+
+    fn tag_image(&self, node: &str, from: &str, to: &str) -> Result<()> {
+        let socket = self.socket_of(node)?;
+        run_checked(self.ctr(&socket).args([
+            "images",
+            "tag",
+            "--force",
+            &cri_image_ref(from),
+            &cri_image_ref(to),
+        ]))?;
+        Ok(())
     }
 
     fn kill_container(&self, node: &str, container_id: &str) -> Result<()> {

@@ -27,18 +27,21 @@
 //! Files: [`host`] is the seam (what a cluster must offer), [`values`] the
 //! Helm values of each release, [`gpu_daemonset`] the test GPU driver's
 //! DaemonSet, this file the testbed's own state and helpers,
-//! `testbed_ops.rs` the [`Testbed`] operations, and [`local_host`] the host
+//! `testbed_ops.rs` the [`Testbed`] operations, `upgrade.rs` the image
+//! upgrade (`helm upgrade` and the rollout), and [`local_host`] the host
 //! on the local cluster (the kind host is `crate::kind_host`).
 
 pub mod gpu_daemonset;
 pub mod host;
 pub mod local_host;
 mod testbed_ops;
+mod upgrade;
 pub mod values;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -89,6 +92,8 @@ pub struct ChartTestbed<H: ChartHost> {
     /// Container id of the last kill, per `(node, driver)`.
     pub(super) killed: Mutex<BTreeMap<(String, DriverKind), String>>,
     pub(super) start_times: Mutex<Vec<(String, DriverKind, Duration)>>,
+    /// Image upgrades so far (each gets its own tag).
+    pub(super) upgrades: AtomicU32,
     pub(super) handle: tokio::runtime::Handle,
 }
 
@@ -175,6 +180,7 @@ impl<H: ChartHost> ChartTestbed<H> {
             units: Mutex::new(Vec::new()),
             killed: Mutex::new(BTreeMap::new()),
             start_times: Mutex::new(Vec::new()),
+            upgrades: AtomicU32::new(0),
             handle: tokio::runtime::Handle::current(),
         };
         let namespaces: Api<Namespace> = Api::all(tb.client.clone());

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::charts::{self};
 use crate::error::{Error, Result};
-use crate::testbed::{DriverKind, NodeInfo, Testbed};
+use crate::testbed::{DriverKind, ImageUpgrade, NodeInfo, Testbed, TestbedOp};
 
 use super::host::{ChartHost, POD_DRIVER_LABEL};
 use super::{ChartTestbed, POD_TIMEOUT, block, container_id, json_err, kube_err, pod_ready};
@@ -242,5 +242,14 @@ impl<H: ChartHost> Testbed for ChartTestbed<H> {
 
     fn restarts_crashed_drivers(&self) -> bool {
         true
+    }
+
+    fn offers() -> &'static [TestbedOp] {
+        &[TestbedOp::UpgradeDriverImage]
+    }
+
+    /// A new tag of the same image, `helm upgrade`d; see `upgrade.rs`.
+    async fn upgrade_driver_image(&self, kind: DriverKind) -> Result<ImageUpgrade> {
+        self.upgrade_image(kind).await
     }
 }
