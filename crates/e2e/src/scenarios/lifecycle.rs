@@ -16,7 +16,7 @@ use crate::testbed::{DriverKind, Testbed};
 
 /// Whether the driver on `node` holds `claim_uid` prepared: its checkpoint
 /// entry and its CDI spec file.
-fn prepared(
+pub(super) fn prepared(
     tb: &impl Testbed,
     node: &str,
     kind: DriverKind,
@@ -32,7 +32,13 @@ fn prepared(
     Ok((in_checkpoint, has_cdi))
 }
 
-async fn wait_unprepared(tb: &impl Testbed, node: &str, kind: DriverKind, uid: &str) -> Result<()> {
+/// Waits until the claim has neither a checkpoint entry nor a CDI spec.
+pub(super) async fn wait_unprepared(
+    tb: &impl Testbed,
+    node: &str,
+    kind: DriverKind,
+    uid: &str,
+) -> Result<()> {
     kit::wait_for(
         tb,
         &format!("claim {uid} unprepared on {node}"),
@@ -42,7 +48,7 @@ async fn wait_unprepared(tb: &impl Testbed, node: &str, kind: DriverKind, uid: &
     .await
 }
 
-fn uid(c: &ResourceClaim) -> String {
+pub(super) fn uid(c: &ResourceClaim) -> String {
     c.metadata.uid.clone().unwrap_or_default()
 }
 

@@ -14,7 +14,9 @@
 //! Every scenario is registered once, in the `scenarios!` list below: its
 //! name (also its namespace and its test name), what it proves, the DRA
 //! features it needs (a release without them reports it as skipped, with the
-//! reason, see [`crate::versions`]) and the function that runs it.
+//! reason, see [`crate::versions`]), the testbed operations it needs beyond
+//! the common ones (`testbed [...]`: a testbed without them reports it as
+//! skipped, see [`TestbedOp`]) and the function that runs it.
 
 pub mod agreement;
 mod allocate;
@@ -30,10 +32,11 @@ mod publish;
 mod reuse;
 mod taints;
 mod uninstall;
+mod upgrade;
 
 use anyhow::{Result, bail};
 
-use crate::testbed::Testbed;
+use crate::testbed::{Testbed, TestbedOp};
 use crate::versions::{DraFeature, Release};
 
 /// One registered scenario.
@@ -45,6 +48,8 @@ pub struct Scenario {
     pub about: &'static str,
     /// DRA features it needs from the cluster.
     pub needs: &'static [DraFeature],
+    /// Testbed operations it needs beyond the common ones.
+    pub testbed_needs: &'static [TestbedOp],
 }
 
 impl Scenario {
@@ -52,17 +57,36 @@ impl Scenario {
     pub fn skip_reason(&self, release: &Release) -> Option<String> {
         release.lacks(self.needs)
     }
+
+    /// Why it cannot run on a testbed offering `offers`
+    /// ([`Testbed::offers`]), or `None` when it can.
+    pub fn testbed_skip_reason(&self, offers: &[TestbedOp]) -> Option<String> {
+        let missing: Vec<&str> = self
+            .testbed_needs
+            .iter()
+            .filter(|op| !offers.contains(op))
+            .map(|op| op.describe())
+            .collect();
+        (!missing.is_empty()).then(|| {
+            format!(
+                "needs a testbed that can {}; this one cannot",
+                missing.join(" and ")
+            )
+        })
+    }
 }
 
 /// Declares [`SCENARIOS`] and the dispatcher from one list.
 macro_rules! scenarios {
-    ($( $name:ident [$($need:ident),*] $about:literal => $($func:ident)::+ ;)*) => {
+    ($( $name:ident [$($need:ident),*] $(testbed [$($op:ident),*])? $about:literal
+        => $($func:ident)::+ ;)*) => {
         /// Every scenario, in the order they run.
         pub const SCENARIOS: &[Scenario] = &[
             $( Scenario {
                 name: stringify!($name),
                 about: $about,
                 needs: &[$(DraFeature::$need),*],
+                testbed_needs: &[$($(TestbedOp::$op),*)?],
             }, )*
         ];
 
@@ -122,6 +146,8 @@ scenarios! {
         => bad_input::bad_opaque_config;
     s23_slices_after_uninstall [] "a driver stopped for good: its slices stay unchanged for 20 s, the kubelet wipes them within 60 s, a restart republishes"
         => uninstall::slices_after_stop;
+    s24_upgrade_while_held [] testbed [UpgradeDriverImage] "helm upgrade of both charts to a new image while 10 pods hold claims: no pod restarted, no failed prepare or unprepare"
+        => upgrade::upgrade_while_held;
 }
 
 /// The scenario called `name`.
@@ -230,6 +256,18 @@ mod tests {
             assert!(s.skip_reason(r37).is_none(), "{name}");
             let why = s.skip_reason(r34).unwrap();
             assert!(why.contains("DRAExtendedResource"), "{why}");
+        }
+        // Only testbeds that can upgrade a release run s24.
+        let s24 = find("s24_upgrade_while_held").unwrap();
+        assert_eq!(s24.skip_reason(r34), None);
+        assert_eq!(
+            s24.testbed_skip_reason(&[TestbedOp::UpgradeDriverImage]),
+            None
+        );
+        let why = s24.testbed_skip_reason(&[]).unwrap();
+        assert!(why.contains("helm upgrade"), "{why}");
+        for s in SCENARIOS.iter().filter(|s| s.name != s24.name) {
+            assert_eq!(s.testbed_skip_reason(&[]), None, "{}", s.name);
         }
         // Everything else runs on every release we test.
         for s in SCENARIOS

@@ -131,8 +131,9 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
         bring_up_ms: Mutex::new(0),
         start,
     });
-    // Scenarios the release cannot run are reported as ignored, with the
-    // reason here and in the figures, never left out silently.
+    // Scenarios the release or the testbed cannot run are reported as
+    // ignored, with the reason here and in the figures, never left out
+    // silently.
     let version = selected_kubernetes_version();
     let release = match version.release() {
         Ok(r) => r,
@@ -147,11 +148,16 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
         .map(|scenario| {
             let shared = shared.clone();
             let name = scenario.name;
-            let skip = scenario.skip_reason(release);
-            if let Some(why) = &skip
+            let skip = match scenario.skip_reason(release) {
+                Some(why) => Some((format!("on Kubernetes {version}"), why)),
+                None => scenario
+                    .testbed_skip_reason(B::offers())
+                    .map(|why| ("on this testbed".to_string(), why)),
+            };
+            if let Some((on, why)) = &skip
                 && selected(&args, name)
             {
-                eprintln!("aws-dra-e2e: skipping {name} on Kubernetes {version}: {why}");
+                eprintln!("aws-dra-e2e: skipping {name} {on}: {why}");
                 skipped.push((name.to_string(), why.clone()));
             }
             Trial::test(name, move || {
