@@ -331,29 +331,34 @@ impl<H: ChartHost> ChartTestbed<H> {
         let file = self.work_dir.join(format!("{release}.values.json"));
         let text = serde_json::to_vec_pretty(values).map_err(json_err("chart values"))?;
         std::fs::write(&file, text).map_err(io("writing", &file))?;
-        let dir = crate::toolchain::repo_root()
-            .join("charts")
-            .join(chart.name);
-        let (dir, file, kubeconfig) = (
-            dir.display().to_string(),
-            file.display().to_string(),
+        if first {
+            self.helm.run(&["dependency", "build", &chart_dir(chart)])?;
+        }
+        self.helm_upgrade(
+            chart,
+            release,
+            &["--install", "-f", &file.display().to_string()],
+        )
+    }
+
+    /// `helm upgrade RELEASE CHART-DIR` in the drivers' namespace with the
+    /// admin kubeconfig, then `extra` (the values to install or change).
+    pub(super) fn helm_upgrade(&self, chart: Chart, release: &str, extra: &[&str]) -> Result<()> {
+        let (dir, kubeconfig) = (
+            chart_dir(chart),
             self.host.admin_kubeconfig().display().to_string(),
         );
-        if first {
-            self.helm.run(&["dependency", "build", &dir])?;
-        }
-        self.helm.run(&[
+        let mut args = vec![
             "upgrade",
-            "--install",
             release,
             &dir,
             "--namespace",
             charts::NAMESPACE,
             "--kubeconfig",
             &kubeconfig,
-            "-f",
-            &file,
-        ])?;
+        ];
+        args.extend_from_slice(extra);
+        self.helm.run(&args)?;
         Ok(())
     }
 
@@ -516,4 +521,13 @@ impl<H: ChartHost> ManagedTestbed for ChartTestbed<H> {
     fn shutdown(self) -> TeardownReport {
         self.host.shutdown()
     }
+}
+
+/// The chart's directory in this repository.
+fn chart_dir(chart: Chart) -> String {
+    crate::toolchain::repo_root()
+        .join("charts")
+        .join(chart.name)
+        .display()
+        .to_string()
 }

@@ -147,31 +147,13 @@ impl<H: ChartHost> ChartTestbed<H> {
         tag: &str,
         metrics_port: Option<u16>,
     ) -> Result<()> {
-        let dir = crate::toolchain::repo_root()
-            .join("charts")
-            .join(chart.name)
-            .display()
-            .to_string();
-        let kubeconfig = self.host.admin_kubeconfig().display().to_string();
         let set_tag = format!("image.tag={tag}");
         let set_port = metrics_port.map(|p| format!("metrics.port={p}"));
-        let mut args = vec![
-            "upgrade",
-            release,
-            &dir,
-            "--namespace",
-            charts::NAMESPACE,
-            "--kubeconfig",
-            &kubeconfig,
-            "--reuse-values",
-            "--set",
-            &set_tag,
-        ];
+        let mut extra = vec!["--reuse-values", "--set", &set_tag];
         if let Some(p) = &set_port {
-            args.extend(["--set", p.as_str()]);
+            extra.extend(["--set", p.as_str()]);
         }
-        self.helm.run(&args)?;
-        Ok(())
+        self.helm_upgrade(chart, release, &extra)
     }
 
     /// Waits until the driver's only pod on `node` runs `image` and is Ready
