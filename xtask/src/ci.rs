@@ -3,10 +3,13 @@
 //! Each step runs as its own process so its output streams as it comes; the
 //! summary at the end names every step with its result and duration.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use e2e::versions::{CI_RELEASES, MAIN_MINOR};
 
 #[derive(clap::Args)]
@@ -21,6 +24,9 @@ struct Step {
     program: &'static str,
     args: Vec<String>,
     env: &'static [(&'static str, &'static str)],
+    /// Runs at the same time as the neighbouring steps that also have it
+    /// set, its output prefixed with its name (the e2e legs).
+    side_by_side: bool,
 }
 
 fn step(name: &str, args: &[&str]) -> Step {
@@ -29,18 +35,23 @@ fn step(name: &str, args: &[&str]) -> Step {
         program: "cargo",
         args: args.iter().map(|a| a.to_string()).collect(),
         env: &[],
+        side_by_side: false,
     }
 }
 
-/// Which local testbeds run on each release CI covers: both on the main
-/// release (what users deploy next, and the chart path as shipped), the
+/// The e2e legs, `(minor, testbed)`: both testbeds on the main release
+/// (what users deploy next, and the chart path as shipped), the
 /// host-process testbed on the oldest (every scenario once more, within the
-/// CI budget of docs/e2e.md).
+/// CI budget of docs/e2e.md). Each leg is its own cluster.
 fn e2e_matrix() -> Vec<(u32, &'static str)> {
-    CI_RELEASES
-        .iter()
-        .map(|&minor| (minor, if minor == MAIN_MINOR { "all" } else { "host" }))
-        .collect()
+    let mut legs = Vec::new();
+    for minor in CI_RELEASES {
+        legs.push((minor, "host"));
+        if minor == MAIN_MINOR {
+            legs.push((minor, "charts"));
+        }
+    }
+    legs
 }
 
 /// Seconds of each fuzz target in CI (5 targets: under 2 minutes with the
@@ -50,8 +61,8 @@ const FUZZ_SMOKE_SECONDS: u64 = 15;
 fn steps() -> Vec<Step> {
     let mut steps = vec![
         step("fmt", &["fmt", "--all", "--check"]),
-        // Licences, bans and sources of the dependency graph (offline;
-        // policy: supply-chain.yaml).
+        // Licences, bans and sources of the dependency graph (policy:
+        // supply-chain.yaml).
         step("supply-chain", &["xtask", "supply-chain"]),
         step(
             "clippy",
@@ -106,26 +117,49 @@ fn steps() -> Vec<Step> {
     steps.push(step("k8s-build", &k8s));
     // The container image's compile step (same command as the Dockerfile).
     steps.push(step("image-build", crate::image_build::BUILD_ARGS));
-    // The end-to-end suite on a local cluster of real components, with the
-    // drivers just built for the image (so it tests what ships), once per
-    // release: builds helm and the GPU test driver, runs `cargo test -p e2e`
-    // (cluster proof test + the scenarios), prints the figures and skips.
+    // The end-to-end suite on local clusters of real components, with the
+    // drivers just built for the image (so it tests what ships). First,
+    // one release at a time, everything the legs build (helm, the GPU test
+    // driver, the test binaries), so that the legs only run; then the legs
+    // side by side, each its own cluster (own ports, state directories and
+    // cgroups), each running `cargo test -p e2e` (the cluster proof test
+    // with the host-process testbed, the scenarios) and printing its
+    // figures and skips. Most of a leg is waiting (for the kubelet, the
+    // scheduler, timeouts), so side by side they take little more than the
+    // longest one.
+    let e2e_args = |version: &str, testbed: &str| -> Vec<String> {
+        [
+            "xtask",
+            "e2e",
+            "--cluster",
+            "local",
+            "--release",
+            "--kubernetes",
+            version,
+            "--testbed",
+            testbed,
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect()
+    };
+    for minor in CI_RELEASES {
+        let version = format!("1.{minor}");
+        let testbed = if minor == MAIN_MINOR { "all" } else { "host" };
+        let mut args = e2e_args(&version, testbed);
+        args.push("--prepare-only".into());
+        steps.push(Step {
+            args,
+            ..step(&format!("e2e-prepare-{version}"), &[])
+        });
+    }
     for (minor, testbed) in e2e_matrix() {
         let version = format!("1.{minor}");
-        steps.push(step(
-            &format!("e2e-{version}"),
-            &[
-                "xtask",
-                "e2e",
-                "--cluster",
-                "local",
-                "--release",
-                "--kubernetes",
-                &version,
-                "--testbed",
-                testbed,
-            ],
-        ));
+        steps.push(Step {
+            args: e2e_args(&version, testbed),
+            side_by_side: true,
+            ..step(&format!("e2e-{version}-{testbed}"), &[])
+        });
     }
     steps.push(step("charts", &["xtask", "charts", "check"]));
     steps
@@ -158,21 +192,25 @@ pub fn run(args: CiArgs) -> Result<()> {
             }
         }
     }
-    for step in steps() {
-        eprintln!(
-            "==> ci: {} ({} {})",
-            step.name,
-            step.program,
-            step.args.join(" ")
-        );
-        let t = Instant::now();
-        let mut command = Command::new(step.program);
-        command.args(&step.args).envs(step.env.iter().copied());
-        if let Some(dir) = &scratch {
-            command.env("TMPDIR", dir);
+    let mut side_by_side_wall = Vec::new();
+    let mut pending = steps().into_iter().peekable();
+    while let Some(first) = pending.next() {
+        let mut batch = vec![first];
+        while batch[0].side_by_side && pending.peek().is_some_and(|s| s.side_by_side) {
+            batch.extend(pending.next());
         }
-        let ok = command.status().map(|s| s.success())?;
-        results.push((step.name, ok, t.elapsed()));
+        let t = Instant::now();
+        let outcomes = if batch.len() == 1 {
+            let step = batch.remove(0);
+            let ok = run_step(&step, scratch.as_deref())?;
+            vec![(step.name, ok, t.elapsed())]
+        } else {
+            let outcomes = run_side_by_side(batch, scratch.as_deref(), &work)?;
+            side_by_side_wall.push((outcomes.len(), t.elapsed()));
+            outcomes
+        };
+        let ok = outcomes.iter().all(|o| o.1);
+        results.extend(outcomes);
         if !ok && !args.keep_going {
             break;
         }
@@ -202,6 +240,12 @@ pub fn run(args: CiArgs) -> Result<()> {
         started.elapsed().as_secs_f64(),
         summary.join(", ")
     );
+    for (legs, wall) in side_by_side_wall {
+        eprintln!(
+            "ci: {legs} e2e legs side by side in {:.0}s of wall time",
+            wall.as_secs_f64()
+        );
+    }
     for line in e2e_summary(&work) {
         eprintln!("{line}");
     }
@@ -211,16 +255,123 @@ pub fn run(args: CiArgs) -> Result<()> {
     Ok(())
 }
 
+fn command_of(step: &Step, scratch: Option<&Path>) -> Command {
+    let mut command = Command::new(step.program);
+    command.args(&step.args).envs(step.env.iter().copied());
+    if let Some(dir) = scratch {
+        command.env("TMPDIR", dir);
+    }
+    command
+}
+
+fn announce(step: &Step) {
+    eprintln!(
+        "==> ci: {} ({} {})",
+        step.name,
+        step.program,
+        step.args.join(" ")
+    );
+}
+
+/// One step, its output streaming through.
+fn run_step(step: &Step, scratch: Option<&Path>) -> Result<bool> {
+    announce(step);
+    let status = command_of(step, scratch)
+        .status()
+        .with_context(|| format!("starting step {}", step.name))?;
+    Ok(status.success())
+}
+
+/// Steps at the same time. Each line a step prints goes to CI's output
+/// prefixed with `[step]` as it comes, and to `<work>/ci-<step>.log` whole.
+fn run_side_by_side(
+    batch: Vec<Step>,
+    scratch: Option<&Path>,
+    work: &Path,
+) -> Result<Vec<(String, bool, Duration)>> {
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
+    let started = Instant::now();
+    let mut running = Vec::new();
+    for step in batch {
+        announce(&step);
+        let log_path = work.join(format!("ci-{}.log", step.name));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let log = Arc::new(Mutex::new(log));
+        let mut child = command_of(&step, scratch)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting step {}", step.name))?;
+        let mut copiers = Vec::new();
+        let out: Option<Box<dyn Read + Send>> = child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn Read + Send>);
+        let err: Option<Box<dyn Read + Send>> = child
+            .stderr
+            .take()
+            .map(|e| Box::new(e) as Box<dyn Read + Send>);
+        for stream in [out, err].into_iter().flatten() {
+            let name = step.name.clone();
+            let log = Arc::clone(&log);
+            copiers.push(std::thread::spawn(move || {
+                prefix_lines(&name, stream, &log)
+            }));
+        }
+        running.push((step.name, child, copiers));
+    }
+    let mut outcomes = Vec::new();
+    for (name, mut child, copiers) in running {
+        let status = child
+            .wait()
+            .with_context(|| format!("waiting for step {name}"))?;
+        for c in copiers {
+            let _ = c.join();
+        }
+        let took = started.elapsed();
+        eprintln!(
+            "==> ci: {name} {} after {:.0}s (whole output: {})",
+            if status.success() { "ok" } else { "FAILED" },
+            took.as_secs_f64(),
+            work.join(format!("ci-{name}.log")).display()
+        );
+        outcomes.push((name, status.success(), took));
+    }
+    Ok(outcomes)
+}
+
+/// Copies `stream` line by line to stderr, prefixed with `[name]`, and to `log`.
+fn prefix_lines(name: &str, stream: Box<dyn Read + Send>, log: &Mutex<std::fs::File>) {
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        eprintln!("[{name}] {text}");
+        if let Ok(mut f) = log.lock() {
+            let _ = writeln!(f, "{text}");
+        }
+    }
+}
+
 /// One line per release and testbed that ran: outcome counts and every skip
 /// with its reason.
 fn e2e_summary(work: &std::path::Path) -> Vec<String> {
     let mut out = Vec::new();
-    for (minor, _) in e2e_matrix() {
+    for (minor, testbed) in e2e_matrix() {
         let Ok(release) = e2e::Release::for_minor(minor) else {
             continue;
         };
         let version = release.version();
-        for suffix in ["host", "charts"] {
+        // The testbed names are the figures files' suffixes.
+        for suffix in [testbed] {
             let file = crate::e2e::figures_file(work, &version, suffix);
             let Ok(text) = std::fs::read_to_string(&file) else {
                 continue;
@@ -244,4 +395,83 @@ fn e2e_summary(work: &std::path::Path) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e2e_legs_cover_both_releases_after_their_preparation() {
+        let steps = steps();
+        let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
+        let legs: Vec<&Step> = steps.iter().filter(|s| s.side_by_side).collect();
+        let main = format!("1.{MAIN_MINOR}");
+        let oldest = format!("1.{}", CI_RELEASES[1]);
+        let leg_names: Vec<&str> = legs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            leg_names,
+            [
+                format!("e2e-{main}-host"),
+                format!("e2e-{main}-charts"),
+                format!("e2e-{oldest}-host")
+            ]
+        );
+        // The legs are neighbours (one batch), after every preparation and
+        // the image build, before the chart checks.
+        let first_leg = names.iter().position(|n| *n == leg_names[0]).unwrap();
+        let positions: Vec<usize> = leg_names
+            .iter()
+            .map(|l| names.iter().position(|n| n == l).unwrap())
+            .collect();
+        assert_eq!(positions, [first_leg, first_leg + 1, first_leg + 2]);
+        for before in [
+            "image-build".to_string(),
+            format!("e2e-prepare-{main}"),
+            format!("e2e-prepare-{oldest}"),
+        ] {
+            let at = names.iter().position(|n| *n == before).unwrap();
+            assert!(at < first_leg, "{before} must run before the legs");
+        }
+        assert!(names.iter().position(|n| *n == "charts").unwrap() > first_leg + 2);
+        let prepare = steps
+            .iter()
+            .find(|s| s.name == format!("e2e-prepare-{main}"))
+            .unwrap();
+        assert!(prepare.args.iter().any(|a| a == "--prepare-only"));
+        assert!(prepare.args.windows(2).any(|w| w == ["--testbed", "all"]));
+        for leg in legs {
+            assert!(!leg.args.iter().any(|a| a == "--prepare-only"));
+        }
+    }
+
+    #[test]
+    fn side_by_side_output_is_logged_whole_and_outcomes_are_per_step() {
+        let work = tempfile::tempdir().unwrap();
+        let sh = |name: &str, script: &str| Step {
+            name: name.into(),
+            program: "sh",
+            args: vec!["-c".into(), script.into()],
+            env: &[],
+            side_by_side: true,
+        };
+        let outcomes = run_side_by_side(
+            vec![
+                sh("a", "echo one; echo two >&2; echo three"),
+                sh("b", "sleep 0.2; echo late; exit 3"),
+            ],
+            None,
+            work.path(),
+        )
+        .unwrap();
+        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
+        assert_eq!(ok, [("a", true), ("b", false)]);
+        assert!(outcomes[1].2 >= Duration::from_millis(200));
+        let a = std::fs::read_to_string(work.path().join("ci-a.log")).unwrap();
+        let mut lines: Vec<&str> = a.lines().collect();
+        lines.sort();
+        assert_eq!(lines, ["one", "three", "two"]);
+        let b = std::fs::read_to_string(work.path().join("ci-b.log")).unwrap();
+        assert_eq!(b, "late\n");
+    }
 }

@@ -90,8 +90,11 @@ pub struct E2eArgs {
     /// public bases (`registry`).
     #[arg(long, value_enum, default_value_t = crate::kind::KindImages::Offline)]
     pub kind_images: crate::kind::KindImages,
-    /// `--cluster kind`: build the tools, binaries and images, then stop
-    /// before creating the cluster (to warm the caches outside a cluster run).
+    /// Build everything the run needs, then stop before creating a cluster
+    /// (to warm the caches outside a cluster run): `--cluster kind` the
+    /// tools, binaries and images; `--cluster local` the components, helm,
+    /// the drivers and the test binaries of the chosen testbeds (what
+    /// `cargo xtask ci` does once before its e2e legs run side by side).
     #[arg(long)]
     pub prepare_only: bool,
     /// Which local testbeds run the scenarios (`--cluster local`).
@@ -164,10 +167,15 @@ pub fn build_prerequisites(
             ("neuron-driver", &release_dir),
             ("gpu-test-driver", &debug_dir),
         ] {
+            // Replaced by a rename, never removed: another e2e run (CI runs
+            // its legs side by side) may be starting a driver from it now.
             let link = dir.join(name);
-            let _ = std::fs::remove_file(&link);
-            std::os::unix::fs::symlink(from.join(name), &link)
-                .with_context(|| format!("linking {}", link.display()))?;
+            let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(from.join(name), &tmp)
+                .with_context(|| format!("linking {}", tmp.display()))?;
+            std::fs::rename(&tmp, &link)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), link.display()))?;
         }
         dir
     } else {
@@ -220,7 +228,9 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     }
     for (_, target, suffix) in &testbeds {
         let file = figures_file(work, &version, suffix);
-        let _ = std::fs::remove_file(&file);
+        if !args.prepare_only {
+            let _ = std::fs::remove_file(&file);
+        }
         test.args(["--test", target]);
         let var = match *target {
             "scenarios" => "AWS_DRA_E2E_FIGURES",
@@ -230,6 +240,20 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     }
     if args.keep {
         test.env("AWS_DRA_E2E_KEEP", "1");
+    }
+    if args.prepare_only {
+        let status = test
+            .arg("--no-run")
+            .status()
+            .context("building the e2e tests")?;
+        if !status.success() {
+            bail!("building the e2e tests failed ({status})");
+        }
+        eprintln!(
+            "==> e2e: Kubernetes {version}, binaries and tests ready in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(());
     }
     eprintln!("==> e2e: cargo test -p e2e on Kubernetes {version} (logs under target/e2e/)");
     let t = Instant::now();

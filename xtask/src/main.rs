@@ -65,7 +65,7 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Run the libFuzzer targets of fuzz/ (stable toolchain): `[TARGET] [--time S]`.
     Fuzz(fuzz::FuzzArgs),
-    /// Licence, ban and source checks of the dependency graph, offline (policy: supply-chain.yaml).
+    /// Licence, ban and source checks of the dependency graph (policy: supply-chain.yaml).
     SupplyChain,
 }
 

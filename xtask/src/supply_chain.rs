@@ -1,9 +1,12 @@
 //! `cargo xtask supply-chain`: licence, ban and source checks of the whole
-//! dependency graph (the main workspace and `fuzz/`), offline, against the
-//! policy in `supply-chain.yaml`.
+//! dependency graph (the main workspace and `fuzz/`) against the policy in
+//! `supply-chain.yaml`. It needs no service beyond the crate registry the
+//! build uses anyway: `cargo metadata` fetches any crate source not yet in
+//! cargo's cache (on a fresh machine, before the first build, criterion's
+//! dev-dependencies are not there yet; `--offline` failed on exactly that).
 //!
 //! Why our own checker and not cargo-deny: the three checks are a pure
-//! function of `cargo metadata --offline --locked` (every package with its
+//! function of `cargo metadata --locked` (every package with its
 //! SPDX `license`, its `source` and its manifest path), which cargo already
 //! has; cargo-deny is not on the build machines, installing it means
 //! building a few hundred crates from the network, and its advisory check
@@ -132,7 +135,7 @@ pub fn run() -> Result<()> {
 
 fn metadata(manifest: &Path) -> Result<Metadata> {
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["metadata", "--format-version", "1", "--offline", "--locked"])
+        .args(["metadata", "--format-version", "1", "--locked"])
         .arg("--manifest-path")
         .arg(manifest)
         .output()

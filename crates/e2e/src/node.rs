@@ -452,8 +452,19 @@ pub(crate) fn ensure_node_ip(ip: Ipv4Addr) -> Result<()> {
     if shown.contains(&format!(" {ip}/")) {
         return Ok(());
     }
-    run_checked(Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]))
-        .map(|_| ())
+    match run_checked(Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"])) {
+        Ok(_) => Ok(()),
+        // Another cluster starting at the same moment (CI's e2e legs run
+        // side by side) may have added it between the check and the add.
+        Err(e) => {
+            let shown = run_checked(Command::new("ip").args(["-4", "-o", "addr", "show"]))?;
+            if shown.contains(&format!(" {ip}/")) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Lazily unmounts everything mounted at or below `dir` (pod volumes,
