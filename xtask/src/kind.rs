@@ -82,18 +82,16 @@ pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> 
     // node image's release uses.
     let mut patches = Vec::new();
     if cgroup_v1 {
-        // kubeadm's preflight refuses cgroup v1 from 1.35 on, even with the
-        // kubelet told to accept it: its SystemVerification must be skipped too.
+        // The kubelet refuses cgroup v1 from 1.35 on unless told otherwise.
+        // (kubeadm's preflight, which refuses it too, does not run: kind
+        // skips that phase, see below.)
         patches.push(json!("kind: KubeletConfiguration\nfailCgroupV1: false\n"));
-        for kind in ["InitConfiguration", "JoinConfiguration"] {
-            patches.push(json!(format!(
-                "kind: {kind}\nnodeRegistration:\n  ignorePreflightErrors:\n  - SystemVerification\n"
-            )));
-        }
     }
     if offline {
+        // kind's own InitConfiguration skips `preflight` (it would pull
+        // images); a patch replaces the whole list, so it is named again.
         patches.push(json!(
-            "kind: InitConfiguration\nskipPhases:\n- addon/coredns\n"
+            "kind: InitConfiguration\nskipPhases:\n- preflight\n- addon/coredns\n"
         ));
     }
     let mut config = json!({
@@ -151,8 +149,6 @@ pub struct KindSetup {
     pub images: KindImages,
     /// `--image` of `kind create cluster`.
     pub node_image: String,
-    /// `--build-arg`s of the Dockerfile's `docker build`.
-    pub build_args: Vec<(String, String)>,
     /// The host runs cgroup v1 (kubelet 1.35+ refuses it unless told).
     pub cgroup_v1: bool,
 }
@@ -175,8 +171,52 @@ pub fn prepare_tools(root: &Path) -> Result<PathBuf> {
     crate::kind_tool::ensure(root)
 }
 
-/// The node image and the Dockerfile's base images for `images`, built here
-/// for [`KindImages::Offline`].
+/// The Dockerfile's base images for `images` as `--build-arg`s: built here
+/// for [`KindImages::Offline`] (Debian and the host's Rust toolchain), the
+/// Dockerfile's public defaults otherwise. Needs no Kubernetes build.
+pub fn base_image_args(images: KindImages) -> Result<Vec<(String, String)>> {
+    match images {
+        KindImages::Registry => Ok(Vec::new()),
+        KindImages::Offline => {
+            let started = Instant::now();
+            let rust = crate::base_images::ensure_rust()?;
+            eprintln!(
+                "==> e2e(kind): local base images ready in {:.1}s",
+                started.elapsed().as_secs_f64()
+            );
+            Ok(vec![
+                ("BUILD_IMAGE".to_string(), rust),
+                (
+                    "RUNTIME_IMAGE".to_string(),
+                    crate::base_images::DEBIAN_IMAGE.to_string(),
+                ),
+            ])
+        }
+    }
+}
+
+/// `docker build` of the repository's Dockerfile into
+/// `IMAGE_REPOSITORY:IMAGE_TAG`, before any cluster exists (the release
+/// compile inside is the longest step, and a cluster waiting for it would
+/// only hold memory). BuildKit's cache mounts make a rebuild incremental.
+pub fn build_driver_image(root: &Path, build_args: &[(String, String)]) -> Result<()> {
+    let started = Instant::now();
+    let image = format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}");
+    let mut build = crate::docker::build_command()?;
+    build.current_dir(root).args(["-t", &image]);
+    for (name, value) in build_args {
+        build.arg("--build-arg").arg(format!("{name}={value}"));
+    }
+    run_step("docker build (the Dockerfile)", build.arg("."))?;
+    eprintln!(
+        "==> e2e(kind): driver image {image} built in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The node image for `images` (built here for [`KindImages::Offline`],
+/// from the Kubernetes binaries of `version`).
 pub fn prepare_images(
     root: &Path,
     kind: PathBuf,
@@ -184,8 +224,8 @@ pub fn prepare_images(
     version: &e2e::KubernetesVersion,
 ) -> Result<KindSetup> {
     let cgroup_v1 = !Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
-    let (node_image, build_args) = match images {
-        KindImages::Registry => (format!("kindest/node:{version}"), Vec::new()),
+    let node_image = match images {
+        KindImages::Registry => format!("kindest/node:{version}"),
         KindImages::Offline => {
             let started = Instant::now();
             let binaries = e2e::Binaries::locate(version)?;
@@ -207,28 +247,17 @@ pub fn prepare_images(
                 kind_base_files: &base_files,
                 pause_binary: &pause_binary,
             })?;
-            let rust = crate::base_images::ensure_rust()?;
             eprintln!(
-                "==> e2e(kind): offline images ready in {:.1}s",
+                "==> e2e(kind): node image ready in {:.1}s",
                 started.elapsed().as_secs_f64()
             );
-            (
-                node,
-                vec![
-                    ("BUILD_IMAGE".to_string(), rust),
-                    (
-                        "RUNTIME_IMAGE".to_string(),
-                        crate::base_images::DEBIAN_IMAGE.to_string(),
-                    ),
-                ],
-            )
+            node
         }
     };
     Ok(KindSetup {
         kind,
         images,
         node_image,
-        build_args,
         cgroup_v1,
     })
 }
@@ -238,7 +267,6 @@ pub fn prepare_images(
 /// three driver binaries, `probe_archive` the probe image. Returns the
 /// kubeconfig path.
 pub fn bring_up(
-    root: &Path,
     work: &Path,
     bin_dir: &Path,
     probe_archive: &Path,
@@ -287,12 +315,6 @@ pub fn bring_up(
         crate::kind_network::wire(CLUSTER_NAME)?;
     }
     let image = format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}");
-    let mut build = crate::docker::build_command()?;
-    build.current_dir(root).args(["-t", &image]);
-    for (name, value) in &setup.build_args {
-        build.arg("--build-arg").arg(format!("{name}={value}"));
-    }
-    run_step("docker build (the Dockerfile)", build.arg("."))?;
     run_step(
         "kind load docker-image",
         Command::new(&setup.kind).args(["load", "docker-image", &image, "--name", CLUSTER_NAME]),
@@ -430,13 +452,13 @@ mod tests {
             .iter()
             .map(|p| p.as_str().unwrap())
             .collect();
+        assert_eq!(patches.len(), 2, "{patches:?}");
         assert!(patches[0].contains("failCgroupV1: false"), "{patches:?}");
-        assert!(patches[1].contains("- SystemVerification"), "{patches:?}");
-        assert!(
-            patches[2].starts_with("kind: JoinConfiguration"),
-            "{patches:?}"
-        );
-        assert!(patches[3].contains("- addon/coredns"), "{patches:?}");
+        // kind's own skipPhases list is replaced by the patch: preflight
+        // (which refuses cgroup v1 and would pull images) must stay in it.
+        let skip: Value = serde_saphyr::from_str(patches[1]).unwrap();
+        assert_eq!(skip["kind"], "InitConfiguration");
+        assert_eq!(skip["skipPhases"], json!(["preflight", "addon/coredns"]));
         let plain: Value =
             serde_saphyr::from_str(&cluster_config(&nodes(), false, false).unwrap()).unwrap();
         assert!(plain["networking"].is_null() && plain["kubeadmConfigPatches"].is_null());
