@@ -222,7 +222,7 @@ pub fn missing_from(bounding: u64, last: usize) -> Vec<String> {
 }
 
 /// The capabilities this process's bounding set lacks.
-fn withheld_capabilities() -> Vec<String> {
+pub fn withheld_capabilities() -> Vec<String> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let Some(bounding) = status
         .lines()
@@ -241,6 +241,13 @@ fn withheld_capabilities() -> Vec<String> {
 /// A runc that removes `withheld` from every capability set runc is about
 /// to apply: the bundle's `config.json` (`create`/`run --bundle`) and the
 /// process file of `exec --process` (`docker exec`); then runs `runc`.
+///
+/// Without `CAP_SYS_RESOURCE` a process may not lower its `oom_score_adj`
+/// below what it inherited, and runc's init fails before the container
+/// starts ("can't get final child's PID from pipe: EOF"). The kubelet asks
+/// for -998 for every critical pod's sandbox (kind's control plane is all
+/// critical pods), so when that capability is withheld the wrapper also
+/// raises a bundle's `process.oomScoreAdj` to its own value.
 pub fn runc_wrapper(runc: &Path, withheld: &[String]) -> String {
     let list = withheld
         .iter()
@@ -248,14 +255,20 @@ pub fn runc_wrapper(runc: &Path, withheld: &[String]) -> String {
         .collect::<Vec<_>>()
         .join(",");
     let drop = format!("with_entries(.value |= map(select(. as $c | [{list}] | index($c) | not)))");
+    let oom = if withheld.iter().any(|c| c == "CAP_SYS_RESOURCE") {
+        " | if (.process.oomScoreAdj // $min) < $min then .process.oomScoreAdj = $min else . end"
+    } else {
+        ""
+    };
     format!(
         "#!/bin/sh\n\
          # Written by cargo xtask (xtask/src/docker.rs): this host withholds {names}.\n\
-         filter() {{ jq -c \"$1\" \"$2\" > \"$2.aws-dra\" && mv \"$2.aws-dra\" \"$2\"; }}\n\
+         min=$(cat /proc/self/oom_score_adj)\n\
+         filter() {{ jq -c --argjson min \"$min\" \"$1\" \"$2\" > \"$2.aws-dra\" && mv \"$2.aws-dra\" \"$2\"; }}\n\
          prev=\n\
          for a in \"$@\"; do\n\
          \x20 case \"$prev\" in\n\
-         \x20   --bundle|-b) [ -f \"$a/config.json\" ] && filter 'if .process.capabilities then .process.capabilities |= {drop} else . end' \"$a/config.json\" ;;\n\
+         \x20   --bundle|-b) [ -f \"$a/config.json\" ] && filter '(if .process.capabilities then .process.capabilities |= {drop} else . end){oom}' \"$a/config.json\" ;;\n\
          \x20   --process|-p) [ -f \"$a\" ] && filter 'if .capabilities then .capabilities |= {drop} else . end' \"$a\" ;;\n\
          \x20 esac\n\
          \x20 prev=\"$a\"\n\
@@ -374,5 +387,9 @@ mod tests {
         assert!(w.contains("--bundle|-b)"), "{w}");
         assert!(w.contains("--process|-p)"), "{w}");
         assert!(w.trim_end().ends_with("exec /usr/sbin/runc \"$@\""), "{w}");
+        // The kubelet's -998 for critical pods needs CAP_SYS_RESOURCE.
+        assert!(w.contains(".process.oomScoreAdj = $min"), "{w}");
+        let other = runc_wrapper(Path::new("/usr/sbin/runc"), &["CAP_BPF".into()]);
+        assert!(!other.contains("oomScoreAdj"), "{other}");
     }
 }

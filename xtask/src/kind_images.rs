@@ -108,6 +108,8 @@ pub fn node_image(inputs: &NodeInputs) -> Result<String> {
     let mut h = Sha256::new();
     h.update(NODE_PACKAGES.join(" ").as_bytes());
     h.update(NODE_DOCKERFILE_REVISION.as_bytes());
+    // The node's runc wrapper depends on what this host withholds.
+    h.update(docker::withheld_capabilities().join(" ").as_bytes());
     for p in [
         &b.kube_apiserver,
         &b.kube_controller_manager,
@@ -134,7 +136,7 @@ pub fn node_image(inputs: &NodeInputs) -> Result<String> {
 }
 
 /// Bumped whenever the node image's recipe below changes.
-const NODE_DOCKERFILE_REVISION: &str = "node-1";
+const NODE_DOCKERFILE_REVISION: &str = "node-2";
 
 fn node_dockerfile(version: &str) -> String {
     let packages = NODE_PACKAGES.join(" ");
@@ -303,6 +305,18 @@ pub fn ensure_node(inputs: &NodeInputs) -> Result<String> {
     ] {
         let name = from.file_name().context("binary without a name")?;
         link_or_copy(&from, &ctx.join(dir).join(name))?;
+    }
+    // A kind node gets no more capabilities than this host gives its
+    // containers: where some are withheld, the node's containerd runs the
+    // pods' containers through the same wrapper as the engine
+    // (`/usr/local/bin/runc` comes before Debian's `/usr/sbin/runc` on
+    // containerd's PATH). Without it no sandbox of a critical pod starts.
+    let withheld = docker::withheld_capabilities();
+    if !withheld.is_empty() {
+        std::fs::write(
+            ctx.join("bin/runc"),
+            docker::runc_wrapper(Path::new("/usr/sbin/runc"), &withheld),
+        )?;
     }
     write_node_archives(
         inputs,

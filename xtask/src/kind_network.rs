@@ -132,8 +132,10 @@ pub fn wire(cluster: &str) -> Result<()> {
     for n in &nodes {
         eprintln!("    {} {} pods {}", n.name, n.ip, n.pod_cidr);
         let mut write = Command::new("docker");
+        // `-i`: without it docker exec gives the command an empty stdin.
         write.args([
             "exec",
+            "-i",
             &n.name,
             "sh",
             "-c",

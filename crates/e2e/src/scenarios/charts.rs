@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result, bail};
 
-use crate::charts::{EFA_CHART, Helm, NAMESPACE, NEURON_CHART};
+use crate::charts::{EFA_CHART, Helm, NEURON_CHART};
 use crate::manifests;
 use crate::testbed::Testbed;
 
@@ -17,7 +17,7 @@ use crate::testbed::Testbed;
 /// operator's CRD, which the local cluster does not install.
 const NEEDS_A_CRD: &[&str] = &["ServiceMonitor"];
 
-pub async fn chart_objects<T: Testbed>(tb: &T, _ns: &str) -> Result<()> {
+pub async fn chart_objects<T: Testbed>(tb: &T, ns: &str) -> Result<()> {
     let helm = Helm::locate()?;
     let client = tb.client();
     let mut checked = Vec::new();
@@ -54,7 +54,13 @@ pub async fn chart_objects<T: Testbed>(tb: &T, _ns: &str) -> Result<()> {
                 if NEEDS_A_CRD.contains(&kind) {
                     continue;
                 }
-                manifests::apply_dry_run(&client, obj, Some(NAMESPACE))
+                // Namespaced objects go to the scenario's own namespace: a
+                // testbed whose releases carry the same names (kind's
+                // `neuron`, which the non-default values' fullnameOverride
+                // also gives) would otherwise turn the dry run into an
+                // update of the installed DaemonSet (immutable selector,
+                // fields merged from the installed one).
+                manifests::apply_dry_run(&client, obj, Some(ns))
                     .await
                     .with_context(|| {
                         format!("{} with {values:?}: the API server refused it", chart.name)
