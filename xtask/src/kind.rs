@@ -53,8 +53,8 @@ pub fn default_nodes(fixtures_root: &Path) -> Vec<FixtureNode> {
 }
 
 /// The kind `Cluster` config as YAML. `offline`: no default CNI (kindnetd is
-/// an image from a registry; [`crate::kind_network`] wires the pods) and no
-/// CoreDNS (not built here). `cgroup_v1`: the kubelet is told to run on a
+/// an image from a registry; [`crate::kind_network`] wires the pods).
+/// `cgroup_v1`: the kubelet is told to run on a
 /// cgroup v1 host, which 1.35+ refuses by default.
 pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> Result<String> {
     let mut node_list = vec![json!({"role": "control-plane"})];
@@ -83,16 +83,10 @@ pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> 
     let mut patches = Vec::new();
     if cgroup_v1 {
         // The kubelet refuses cgroup v1 from 1.35 on unless told otherwise.
-        // (kubeadm's preflight, which refuses it too, does not run: kind
-        // skips that phase, see below.)
+        // (kubeadm's preflight, which refuses it too, does not run: kind's
+        // own InitConfiguration skips that phase; a patch of skipPhases
+        // would replace kind's list, so none is made.)
         patches.push(json!("kind: KubeletConfiguration\nfailCgroupV1: false\n"));
-    }
-    if offline {
-        // kind's own InitConfiguration skips `preflight` (it would pull
-        // images); a patch replaces the whole list, so it is named again.
-        patches.push(json!(
-            "kind: InitConfiguration\nskipPhases:\n- preflight\n- addon/coredns\n"
-        ));
     }
     let mut config = json!({
         "kind": "Cluster",
@@ -235,6 +229,13 @@ pub fn prepare_images(
             });
             let kind_node_dir = e2e::toolchain::ensure_kind_node_built(version, &mut progress)?;
             let base_files = crate::kind_tool::base_files(root)?;
+            let coredns_binary = e2e::toolchain::ensure_coredns_built(
+                &crate::kind_images::coredns_tag(
+                    &kind_node_dir.join("kubeadm"),
+                    &version.to_string(),
+                )?,
+                &mut progress,
+            )?;
             let pause_binary = binaries
                 .pause_image
                 .parent()
@@ -246,6 +247,7 @@ pub fn prepare_images(
                 kind_node_dir: &kind_node_dir,
                 kind_base_files: &base_files,
                 pause_binary: &pause_binary,
+                coredns_binary: &coredns_binary,
             })?;
             eprintln!(
                 "==> e2e(kind): node image ready in {:.1}s",
@@ -314,6 +316,25 @@ pub fn bring_up(
         eprintln!("==> e2e(kind): pod network (ptp + routes, no CNI image)");
         crate::kind_network::wire(CLUSTER_NAME)?;
     }
+    // CoreDNS turns ready only once its kubernetes plugin has listed
+    // Services through the API server's ClusterIP: a pod on the pod
+    // network reaching a Service through kube-proxy, before any driver
+    // depends on the same path.
+    run_step(
+        "CoreDNS ready (pod network, kube-proxy, DNS)",
+        Command::new("docker").args([
+            "exec",
+            &format!("{CLUSTER_NAME}-control-plane"),
+            "kubectl",
+            "--kubeconfig=/etc/kubernetes/admin.conf",
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/coredns",
+            "--timeout=180s",
+        ]),
+    )?;
     let image = format!("{IMAGE_REPOSITORY}:{IMAGE_TAG}");
     run_step(
         "kind load docker-image",
@@ -442,7 +463,7 @@ mod tests {
     }
 
     #[test]
-    fn offline_config_has_no_default_cni_nor_coredns_and_cgroup_v1_is_allowed() {
+    fn offline_config_has_no_default_cni_and_cgroup_v1_is_allowed() {
         let cfg: Value =
             serde_saphyr::from_str(&cluster_config(&nodes(), true, true).unwrap()).unwrap();
         assert_eq!(cfg["networking"]["disableDefaultCNI"], true);
@@ -452,16 +473,19 @@ mod tests {
             .iter()
             .map(|p| p.as_str().unwrap())
             .collect();
-        assert_eq!(patches.len(), 2, "{patches:?}");
+        assert_eq!(patches.len(), 1, "{patches:?}");
         assert!(patches[0].contains("failCgroupV1: false"), "{patches:?}");
-        // kind's own skipPhases list is replaced by the patch: preflight
-        // (which refuses cgroup v1 and would pull images) must stay in it.
-        let skip: Value = serde_saphyr::from_str(patches[1]).unwrap();
-        assert_eq!(skip["kind"], "InitConfiguration");
-        assert_eq!(skip["skipPhases"], json!(["preflight", "addon/coredns"]));
+        // A skipPhases patch would replace kind's own list, whose
+        // `preflight` (refuses cgroup v1, pulls images) must stay skipped;
+        // CoreDNS is built here, so its addon runs.
+        assert!(!yaml_has_skip_phases(&patches), "{patches:?}");
         let plain: Value =
             serde_saphyr::from_str(&cluster_config(&nodes(), false, false).unwrap()).unwrap();
         assert!(plain["networking"].is_null() && plain["kubeadmConfigPatches"].is_null());
+    }
+
+    fn yaml_has_skip_phases(patches: &[&str]) -> bool {
+        patches.iter().any(|p| p.contains("skipPhases"))
     }
 
     #[test]

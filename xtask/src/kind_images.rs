@@ -8,14 +8,14 @@
 //!   config, from the `sigs.k8s.io/kind` module), containerd, kubelet,
 //!   kubectl, kubeadm and kube-proxy built from their Go modules, and the
 //!   images kubeadm runs (kube-apiserver, kube-controller-manager,
-//!   kube-scheduler, etcd, kube-proxy, pause) preloaded into the node's
-//!   containerd, each assembled here from those binaries.
+//!   kube-scheduler, etcd, kube-proxy, CoreDNS, pause) preloaded into the
+//!   node's containerd, each assembled here from those binaries (CoreDNS
+//!   from its own wrapper module, `e2e/go/coredns/<version>`).
 //!
 //! Each is built once and found again by its tag (the node image's tag
 //! carries a hash of everything that goes into it); `docker image rm` forces
-//! a rebuild. Limits: CoreDNS is not built (the cluster config skips
-//! kubeadm's CoreDNS addon; nothing in the scenarios resolves names) and the
-//! CNI is kind-less: [`crate::kind_network`] wires the pod routes itself.
+//! a rebuild. Limit: the CNI is kind-less: [`crate::kind_network`] wires
+//! the pod routes itself.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,6 +72,16 @@ fn kubeadm_images(kubeadm: &Path, version: &str) -> Result<Vec<String>> {
         .collect())
 }
 
+/// The CoreDNS version (`v1.14.6`) kubeadm of `version` deploys as its DNS
+/// addon, from `kubeadm config images list`.
+pub fn coredns_tag(kubeadm: &Path, version: &str) -> Result<String> {
+    kubeadm_images(kubeadm, version)?
+        .iter()
+        .find(|r| image_component(r) == "coredns")
+        .and_then(|r| r.rsplit_once(':').map(|(_, tag)| tag.to_string()))
+        .context("kubeadm config images list names no CoreDNS image")
+}
+
 /// The binary `kubeadm`'s image `reference` runs, by its repository name.
 fn image_component(reference: &str) -> &str {
     let repo = reference.rsplit_once(':').map_or(reference, |(r, _)| r);
@@ -89,6 +99,8 @@ pub struct NodeInputs<'a> {
     pub kind_base_files: &'a Path,
     /// The pause binary the cached pause image was made of.
     pub pause_binary: &'a Path,
+    /// CoreDNS of the version kubeadm deploys.
+    pub coredns_binary: &'a Path,
 }
 
 fn file_hash(h: &mut Sha256, path: &Path) -> Result<()> {
@@ -124,6 +136,7 @@ pub fn node_image(inputs: &NodeInputs) -> Result<String> {
         &inputs.kind_node_dir.join("kube-proxy"),
         &inputs.kind_base_files.join("usr/local/bin/entrypoint"),
         &inputs.pause_binary.to_path_buf(),
+        &inputs.coredns_binary.to_path_buf(),
     ] {
         file_hash(&mut h, p)?;
     }
@@ -190,8 +203,8 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     )
 }
 
-/// The image archives preloaded into the node: one per image kubeadm runs
-/// (CoreDNS excepted), plus containerd's sandbox image of kind's config.
+/// The image archives preloaded into the node: one per image kubeadm runs,
+/// plus containerd's sandbox image of kind's config.
 fn write_node_archives(inputs: &NodeInputs, kubeadm: &Path, dir: &Path) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let b = inputs.binaries;
@@ -217,7 +230,7 @@ fn write_node_archives(inputs: &NodeInputs, kubeadm: &Path, dir: &Path) -> Resul
                 kube_proxy_archive(inputs, &reference, &dir.join("kube-proxy.tar"))?;
                 continue;
             }
-            "coredns" => continue,
+            "coredns" => inputs.coredns_binary.to_path_buf(),
             other => {
                 bail!("kubeadm wants an image this build does not make: {other} ({reference})")
             }

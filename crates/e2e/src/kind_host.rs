@@ -10,12 +10,8 @@
 //! of a node reached with `docker exec <node> …` (a kind node is a container
 //! of that name, with `ctr` inside).
 //!
-//! Limits: Docker and kind's node image now run on this machine (`cargo
-//! xtask e2e --cluster kind` installs and builds them), but this host has
-//! not yet run against a kind cluster there (docs/e2e.md says what has), only
-//! against the `docker` stand-in of its unit tests; the shared scenarios and
-//! [`ChartTestbed`] themselves run on the local cluster
-//! (`tests/scenarios_chart.rs`).
+//! Run for real by `cargo xtask e2e --cluster kind` (docs/e2e.md has the
+//! figures); its unit tests use a `docker` stand-in.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -192,6 +192,39 @@ pub fn ensure_kind_node_built(
     Ok(out)
 }
 
+/// Builds CoreDNS `tag` (the version kubeadm's addon names, `v1.14.6`)
+/// from its committed wrapper module `e2e/go/coredns/<tag>/` into
+/// `<cache>/bin/coredns-<tag>/coredns`, for the offline kind node image.
+/// Static, as upstream's image ships it. Returns the binary.
+pub fn ensure_coredns_built(tag: &str, progress: &mut Progress) -> Result<PathBuf> {
+    let module = repo_root().join("e2e/go/coredns").join(tag);
+    if !module.join("go.mod").exists() {
+        return Err(Error::Testbed(format!(
+            "kubeadm asks for CoreDNS {tag}, and there is no wrapper module for it at {} \
+             (copy a sibling directory, set the require line, run go mod tidy)",
+            module.display()
+        )));
+    }
+    check_pin(&module, "github.com/coredns/coredns", tag)?;
+    let out = cache_root().join("bin").join(format!("coredns-{tag}"));
+    build_set(
+        &GoToolchain::find()?,
+        "coredns",
+        &module,
+        &out,
+        &[GoTarget {
+            name: "coredns",
+            package: "github.com/coredns/coredns".into(),
+            cgo: false,
+            ldflags: "-s -w".into(),
+            tags: String::new(),
+        }],
+        "",
+        progress,
+    )?;
+    Ok(out.join("coredns"))
+}
+
 /// What to build and how to talk about it.
 pub struct BuildOptions {
     pub kubernetes_version: KubernetesVersion,
