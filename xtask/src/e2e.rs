@@ -311,7 +311,7 @@ fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     let bring_up_s = t.elapsed().as_secs_f64();
     let figures = work.join("figures-kind.json");
     let _ = std::fs::remove_file(&figures);
-    let result = crate::kind::run_scenarios(root, &kubeconfig, work, &figures);
+    let result = crate::kind::run_scenarios(root, &version, &kubeconfig, work, &figures);
     if let Ok(text) = std::fs::read_to_string(&figures)
         && let Ok(f) = serde_json::from_str::<e2e::Figures>(&text)
     {

@@ -357,13 +357,23 @@ pub fn bring_up(
     Ok(kubeconfig)
 }
 
-/// Runs the shared scenarios on the cluster (`cargo test -p e2e --test
-/// scenarios_kind`); figures to `figures`.
-pub fn run_scenarios(root: &Path, kubeconfig: &Path, work: &Path, figures: &Path) -> Result<()> {
+/// Runs the shared scenarios on the cluster of Kubernetes `version` (`cargo
+/// test -p e2e --test scenarios_kind`); figures to `figures`. The version
+/// tells the scenarios which features the release has (their skips) and what
+/// the drivers publish there (NeuronCores only where partitionable devices
+/// are served).
+pub fn run_scenarios(
+    root: &Path,
+    version: &e2e::KubernetesVersion,
+    kubeconfig: &Path,
+    work: &Path,
+    figures: &Path,
+) -> Result<()> {
     let started = Instant::now();
     let status = Command::new("cargo")
         .current_dir(root)
         .args(["test", "--locked", "-p", "e2e", "--test", "scenarios_kind"])
+        .env("AWS_DRA_K8S_VERSION", version.to_string())
         .env("AWS_DRA_KIND_KUBECONFIG", kubeconfig)
         .env("AWS_DRA_KIND_WORK", work.join("testbed"))
         .env("AWS_DRA_E2E_FIGURES", figures)
