@@ -120,8 +120,8 @@ pub fn node_image(inputs: &NodeInputs) -> Result<String> {
     let mut h = Sha256::new();
     h.update(NODE_PACKAGES.join(" ").as_bytes());
     h.update(NODE_DOCKERFILE_REVISION.as_bytes());
-    // The node's runc wrapper depends on what this host withholds.
-    h.update(docker::withheld_capabilities().join(" ").as_bytes());
+    // The node's runc wrapper (it depends on what this host withholds).
+    h.update(node_runc_wrapper().unwrap_or_default().as_bytes());
     for p in [
         &b.kube_apiserver,
         &b.kube_controller_manager,
@@ -146,6 +146,13 @@ pub fn node_image(inputs: &NodeInputs) -> Result<String> {
         inputs.version,
         &hash[..12]
     ))
+}
+
+/// The runc wrapper of the node image, where this host withholds
+/// capabilities from its containers (see [`ensure_node`]).
+fn node_runc_wrapper() -> Option<String> {
+    let withheld = docker::withheld_capabilities();
+    (!withheld.is_empty()).then(|| docker::runc_wrapper(Path::new("/usr/sbin/runc"), &withheld))
 }
 
 /// Bumped whenever the node image's recipe below changes.
@@ -324,12 +331,8 @@ pub fn ensure_node(inputs: &NodeInputs) -> Result<String> {
     // pods' containers through the same wrapper as the engine
     // (`/usr/local/bin/runc` comes before Debian's `/usr/sbin/runc` on
     // containerd's PATH). Without it no sandbox of a critical pod starts.
-    let withheld = docker::withheld_capabilities();
-    if !withheld.is_empty() {
-        std::fs::write(
-            ctx.join("bin/runc"),
-            docker::runc_wrapper(Path::new("/usr/sbin/runc"), &withheld),
-        )?;
+    if let Some(wrapper) = node_runc_wrapper() {
+        std::fs::write(ctx.join("bin/runc"), wrapper)?;
     }
     write_node_archives(
         inputs,
