@@ -13,7 +13,6 @@
 //! on a shared machine, as the end-to-end suite.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -42,8 +41,7 @@ struct Common {
     #[arg(long, default_value = ".e2e")]
     work_dir: PathBuf,
     /// Use the release `efa-driver` already built next to xtask (no cargo
-    /// build): a cargo started from `cargo xtask` sees another environment
-    /// and may rebuild the TLS stack, which is slow on a small machine.
+    /// build), as it is.
     #[arg(long)]
     no_build: bool,
 }
@@ -99,7 +97,7 @@ fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)
     .context("building the local cluster's components")?;
     crate::helm::ensure(&root)?;
     if !common.no_build {
-        let status = Command::new("cargo")
+        let status = crate::cargo_command::cargo()
             .current_dir(&root)
             .args(["build", "--release", "--locked", "-p", "efa-driver"])
             .status()

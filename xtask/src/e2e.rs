@@ -23,7 +23,6 @@
 //! deleted.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -190,7 +189,7 @@ pub fn build_prerequisites(
 }
 
 fn cargo(root: &Path, args: &[&str]) -> Result<()> {
-    let status = Command::new("cargo")
+    let status = crate::cargo_command::cargo()
         .current_dir(root)
         .args(args)
         .status()
@@ -217,7 +216,7 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     } else {
         args.testbed.targets()
     };
-    let mut test = Command::new("cargo");
+    let mut test = crate::cargo_command::cargo();
     test.current_dir(root)
         .args(["test", "--locked", "-p", "e2e"])
         .env("AWS_DRA_BIN_DIR", &bin_dir)

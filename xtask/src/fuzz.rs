@@ -170,7 +170,7 @@ fn build(
     targets: &[&str],
     jobs: u32,
 ) -> Result<()> {
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut cmd = crate::cargo_command::cargo();
     cmd.current_dir(fuzz_dir)
         .args(["build", "--release", "--locked", "-j", &jobs.to_string()])
         .arg("--target-dir")

@@ -370,7 +370,7 @@ pub fn run_scenarios(
     figures: &Path,
 ) -> Result<()> {
     let started = Instant::now();
-    let status = Command::new("cargo")
+    let status = crate::cargo_command::cargo()
         .current_dir(root)
         .args(["test", "--locked", "-p", "e2e", "--test", "scenarios_kind"])
         .env("AWS_DRA_K8S_VERSION", version.to_string())

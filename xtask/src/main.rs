@@ -3,6 +3,7 @@
 
 mod base_images;
 mod bench;
+mod cargo_command;
 mod chaos;
 mod chart_access;
 mod chart_checks;

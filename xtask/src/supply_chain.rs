@@ -23,7 +23,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -134,7 +133,7 @@ pub fn run() -> Result<()> {
 }
 
 fn metadata(manifest: &Path) -> Result<Metadata> {
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let out = crate::cargo_command::cargo()
         .args(["metadata", "--format-version", "1", "--locked"])
         .arg("--manifest-path")
         .arg(manifest)
