@@ -3,16 +3,15 @@
 //! Each step runs as its own process so its output streams as it comes; the
 //! summary at the end names every step with its result and duration.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::versions::{CI_RELEASES, MAIN_MINOR};
 
 mod excerpt;
+mod lanes;
 use excerpt::failure_excerpt;
 
 #[derive(clap::Args)]
@@ -27,9 +26,10 @@ struct Step {
     program: &'static str,
     args: Vec<String>,
     env: &'static [(&'static str, &'static str)],
-    /// Runs at the same time as the neighbouring steps that also have it
-    /// set, its output prefixed with its name (the e2e legs).
-    side_by_side: bool,
+    /// Runs side by side with the neighbouring steps that have a lane: the
+    /// steps of one lane one after another, the lanes at the same time, each
+    /// step's output prefixed with its name ([`lanes`]).
+    lane: Option<String>,
 }
 
 fn step(name: &str, args: &[&str]) -> Step {
@@ -38,7 +38,7 @@ fn step(name: &str, args: &[&str]) -> Step {
         program: "cargo",
         args: args.iter().map(|a| a.to_string()).collect(),
         env: &[],
-        side_by_side: false,
+        lane: None,
     }
 }
 
@@ -57,13 +57,16 @@ fn e2e_matrix() -> Vec<(u32, &'static str)> {
     legs
 }
 
-/// Seconds of each fuzz target in CI, two at a time (5 targets: 45 s of
-/// fuzzing, plus the build).
+/// Seconds of each fuzz target in CI, one at a time beside the e2e legs
+/// (5 targets: 75 s of fuzzing, plus the build).
 const FUZZ_SMOKE_SECONDS: u64 = 15;
 
-fn steps() -> Vec<Step> {
-    let mut steps = vec![
-        step("fmt", &["fmt", "--all", "--check"]),
+/// The lane of the checks that need no cluster, beside the e2e legs.
+const CHECKS_LANE: &str = "checks";
+
+/// The checks that need no cluster, run in one lane beside the e2e legs.
+fn checks() -> Vec<Step> {
+    let steps = vec![
         // Licences, bans and sources of the dependency graph (policy:
         // supply-chain.yaml).
         step("supply-chain", &["xtask", "supply-chain"]),
@@ -111,12 +114,23 @@ fn steps() -> Vec<Step> {
                 "fuzz",
                 "--time",
                 &FUZZ_SMOKE_SECONDS.to_string(),
-                // One per core of a 2-core CI machine.
+                // One core for the fuzzers, the other for the e2e legs.
                 "--parallel",
-                "2",
+                "1",
             ],
         ),
     ];
+    steps
+        .into_iter()
+        .map(|s| Step {
+            lane: Some(CHECKS_LANE.to_string()),
+            ..s
+        })
+        .collect()
+}
+
+fn steps() -> Vec<Step> {
+    let mut steps = vec![step("fmt", &["fmt", "--all", "--check"])];
     // Kubernetes (every CI release), etcd and containerd from their Go
     // modules (cached under ~/.cache/aws-dra; seconds when warm, ~10 minutes
     // a release cold on 2 cores).
@@ -136,8 +150,10 @@ fn steps() -> Vec<Step> {
     // cgroups), each running `cargo test -p e2e` (the cluster proof test
     // with the host-process testbed, the scenarios) and printing its
     // figures and skips. Most of a leg is waiting (for the kubelet, the
-    // scheduler, timeouts), so side by side they take little more than the
-    // longest one.
+    // scheduler, timeouts; one leg alone keeps about a fifth of 2 cores
+    // busy), so side by side they take little more than the longest one,
+    // and the checks that need no cluster ([`checks`]) run in a lane beside
+    // them, on the cores the legs leave idle, instead of before them.
     let e2e_args = |version: &str, testbed: &str| -> Vec<String> {
         [
             "xtask",
@@ -166,12 +182,14 @@ fn steps() -> Vec<Step> {
     }
     for (minor, testbed) in e2e_matrix() {
         let version = format!("1.{minor}");
+        let name = format!("e2e-{version}-{testbed}");
         steps.push(Step {
             args: e2e_args(&version, testbed),
-            side_by_side: true,
-            ..step(&format!("e2e-{version}-{testbed}"), &[])
+            lane: Some(name.clone()),
+            ..step(&name, &[])
         });
     }
+    steps.extend(checks());
     steps.push(step("charts", &["xtask", "charts", "check"]));
     steps
 }
@@ -207,7 +225,7 @@ pub fn run(args: CiArgs) -> Result<()> {
     let mut pending = steps().into_iter().peekable();
     while let Some(first) = pending.next() {
         let mut batch = vec![first];
-        while batch[0].side_by_side && pending.peek().is_some_and(|s| s.side_by_side) {
+        while batch[0].lane.is_some() && pending.peek().is_some_and(|s| s.lane.is_some()) {
             batch.extend(pending.next());
         }
         let t = Instant::now();
@@ -216,8 +234,9 @@ pub fn run(args: CiArgs) -> Result<()> {
             let ok = run_step(&step, scratch.as_deref())?;
             vec![(step.name, ok, t.elapsed())]
         } else {
-            let outcomes = run_side_by_side(batch, scratch.as_deref(), &work)?;
-            side_by_side_wall.push((outcomes.len(), t.elapsed()));
+            let lanes = count_lanes(&batch);
+            let outcomes = lanes::run(batch, scratch.as_deref(), &work, args.keep_going)?;
+            side_by_side_wall.push((lanes, t.elapsed()));
             outcomes
         };
         let ok = outcomes.iter().all(|o| o.1);
@@ -251,9 +270,9 @@ pub fn run(args: CiArgs) -> Result<()> {
         started.elapsed().as_secs_f64(),
         summary.join(", ")
     );
-    for (legs, wall) in side_by_side_wall {
+    for (lanes, wall) in side_by_side_wall {
         eprintln!(
-            "ci: {legs} e2e legs side by side in {:.0}s of wall time",
+            "ci: {lanes} lanes (the e2e legs, the checks) side by side in {:.0}s of wall time",
             wall.as_secs_f64()
         );
     }
@@ -278,7 +297,11 @@ pub fn run(args: CiArgs) -> Result<()> {
 }
 
 fn command_of(step: &Step, scratch: Option<&Path>) -> Command {
-    let mut command = Command::new(step.program);
+    let mut command = if step.program == "cargo" {
+        crate::cargo_command::cargo()
+    } else {
+        Command::new(step.program)
+    };
     command.args(&step.args).envs(step.env.iter().copied());
     if let Some(dir) = scratch {
         command.env("TMPDIR", dir);
@@ -304,99 +327,12 @@ fn run_step(step: &Step, scratch: Option<&Path>) -> Result<bool> {
     Ok(status.success())
 }
 
-/// Steps at the same time. Each line a step prints goes to CI's output
-/// prefixed with `[step]` as it comes, and to `<work>/ci-<step>.log` whole.
-fn run_side_by_side(
-    batch: Vec<Step>,
-    scratch: Option<&Path>,
-    work: &Path,
-) -> Result<Vec<(String, bool, Duration)>> {
-    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
-    let started = Instant::now();
-    let mut running = Vec::new();
-    for step in batch {
-        announce(&step);
-        let log_path = work.join(format!("ci-{}.log", step.name));
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
-        let log = Arc::new(Mutex::new(log));
-        let mut child = command_of(&step, scratch)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting step {}", step.name))?;
-        let mut copiers = Vec::new();
-        let out: Option<Box<dyn Read + Send>> = child
-            .stdout
-            .take()
-            .map(|o| Box::new(o) as Box<dyn Read + Send>);
-        let err: Option<Box<dyn Read + Send>> = child
-            .stderr
-            .take()
-            .map(|e| Box::new(e) as Box<dyn Read + Send>);
-        for stream in [out, err].into_iter().flatten() {
-            let name = step.name.clone();
-            let log = Arc::clone(&log);
-            copiers.push(std::thread::spawn(move || {
-                prefix_lines(&name, stream, &log)
-            }));
-        }
-        running.push((step.name, child, copiers));
-    }
-    // Each leg is waited for on its own thread, so that its duration is its
-    // own and its result is announced when it ends, not when the legs before
-    // it in the list end.
-    let waiters: Vec<_> = running
-        .into_iter()
-        .map(|(name, mut child, copiers)| {
-            let log = work.join(format!("ci-{name}.log"));
-            std::thread::spawn(move || {
-                let status = child.wait();
-                for c in copiers {
-                    let _ = c.join();
-                }
-                let took = started.elapsed();
-                let ok = status.as_ref().is_ok_and(|s| s.success());
-                eprintln!(
-                    "==> ci: {name} {} after {:.0}s (whole output: {})",
-                    if ok { "ok" } else { "FAILED" },
-                    took.as_secs_f64(),
-                    log.display()
-                );
-                status
-                    .with_context(|| format!("waiting for step {name}"))
-                    .map(|_| (name, ok, took))
-            })
-        })
-        .collect();
-    let mut outcomes = Vec::new();
-    for w in waiters {
-        outcomes.push(
-            w.join()
-                .map_err(|_| anyhow::anyhow!("a step's waiter panicked"))??,
-        );
-    }
-    Ok(outcomes)
-}
-
-/// Copies `stream` line by line to stderr, prefixed with `[name]`, and to `log`.
-fn prefix_lines(name: &str, stream: Box<dyn Read + Send>, log: &Mutex<std::fs::File>) {
-    let mut reader = BufReader::new(stream);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-        let text = String::from_utf8_lossy(&line);
-        let text = text.trim_end_matches(['\n', '\r']);
-        eprintln!("[{name}] {text}");
-        if let Ok(mut f) = log.lock() {
-            let _ = writeln!(f, "{text}");
-        }
-    }
+/// How many lanes a batch of steps makes.
+fn count_lanes(batch: &[Step]) -> usize {
+    let mut lanes: Vec<&str> = batch.iter().filter_map(|s| s.lane.as_deref()).collect();
+    lanes.sort();
+    lanes.dedup();
+    lanes.len()
 }
 
 /// One line per release and testbed that ran: outcome counts and every skip
@@ -443,7 +379,10 @@ mod tests {
     fn e2e_legs_cover_both_releases_after_their_preparation() {
         let steps = steps();
         let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
-        let legs: Vec<&Step> = steps.iter().filter(|s| s.side_by_side).collect();
+        let legs: Vec<&Step> = steps
+            .iter()
+            .filter(|s| s.lane.is_some() && s.lane.as_deref() != Some(CHECKS_LANE))
+            .collect();
         let main = format!("1.{MAIN_MINOR}");
         let oldest = format!("1.{}", CI_RELEASES[1]);
         let leg_names: Vec<&str> = legs.iter().map(|s| s.name.as_str()).collect();
@@ -471,7 +410,32 @@ mod tests {
             let at = names.iter().position(|n| *n == before).unwrap();
             assert!(at < first_leg, "{before} must run before the legs");
         }
-        assert!(names.iter().position(|n| *n == "charts").unwrap() > first_leg + 2);
+        // Each leg its own lane; the checks one lane after the legs, in the
+        // same batch; the chart checks after the batch.
+        for leg in &legs {
+            assert_eq!(leg.lane.as_deref(), Some(leg.name.as_str()));
+        }
+        let checks: Vec<&str> = steps
+            .iter()
+            .filter(|s| s.lane.as_deref() == Some(CHECKS_LANE))
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(
+            checks,
+            [
+                "supply-chain",
+                "clippy",
+                "doc",
+                "test",
+                "e2e-unit",
+                "fuzz-smoke"
+            ]
+        );
+        let batch_end = first_leg + 3 + checks.len();
+        assert!(steps[first_leg..batch_end].iter().all(|s| s.lane.is_some()));
+        assert_eq!(names[batch_end], "charts");
+        assert!(steps[..first_leg].iter().all(|s| s.lane.is_none()));
+        assert_eq!(names[0], "fmt");
         let prepare = steps
             .iter()
             .find(|s| s.name == format!("e2e-prepare-{main}"))
@@ -481,45 +445,5 @@ mod tests {
         for leg in legs {
             assert!(!leg.args.iter().any(|a| a == "--prepare-only"));
         }
-    }
-
-    #[test]
-    fn side_by_side_output_is_logged_whole_and_outcomes_are_per_step() {
-        let work = tempfile::tempdir().unwrap();
-        let sh = |name: &str, script: &str| Step {
-            name: name.into(),
-            program: "sh",
-            args: vec!["-c".into(), script.into()],
-            env: &[],
-            side_by_side: true,
-        };
-        let outcomes = run_side_by_side(
-            vec![
-                sh("a", "echo one; echo two >&2; echo three"),
-                sh("b", "sleep 0.2; echo late; exit 3"),
-            ],
-            None,
-            work.path(),
-        )
-        .unwrap();
-        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
-        assert_eq!(ok, [("a", true), ("b", false)]);
-        assert!(outcomes[1].2 >= Duration::from_millis(200));
-        let a = std::fs::read_to_string(work.path().join("ci-a.log")).unwrap();
-        let mut lines: Vec<&str> = a.lines().collect();
-        lines.sort();
-        assert_eq!(lines, ["one", "three", "two"]);
-        let b = std::fs::read_to_string(work.path().join("ci-b.log")).unwrap();
-        assert_eq!(b, "late\n");
-        // Durations are each leg's own: a fast leg listed first is not
-        // charged with a slower leg's time.
-        let outcomes = run_side_by_side(
-            vec![sh("slow", "sleep 1"), sh("fast", "true")],
-            None,
-            work.path(),
-        )
-        .unwrap();
-        assert!(outcomes[0].2 >= Duration::from_secs(1));
-        assert!(outcomes[1].2 < Duration::from_millis(900), "{outcomes:?}");
     }
 }

@@ -1,0 +1,225 @@
+//! Steps that run side by side in lanes: the steps of one lane one after
+//! another, the lanes at the same time. Each line a step prints goes to CI's
+//! output prefixed with `[step]` as it comes, and to `<work>/ci-<step>.log`
+//! whole.
+//!
+//! The e2e legs are one lane each; the checks that need no cluster (clippy,
+//! doc, the unit tests, the fuzz smoke run) are one more lane beside them.
+//! A leg is mostly waiting (for kubelets, the scheduler, timeouts: one leg
+//! alone keeps about a fifth of 2 cores busy), so the checks use the cores
+//! the legs leave idle instead of running before them.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::{Step, announce, command_of};
+
+/// One step's outcome: name, success, its own duration.
+pub(super) type Outcome = (String, bool, Duration);
+
+/// Runs `batch` in lanes (grouped by [`Step::lane`], in the order the lanes
+/// first appear). A lane stops at its first failed step unless `keep_going`.
+/// Outcomes come lane by lane, each lane's in its order.
+pub(super) fn run(
+    batch: Vec<Step>,
+    scratch: Option<&Path>,
+    work: &Path,
+    keep_going: bool,
+) -> Result<Vec<Outcome>> {
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
+    let mut lanes: Vec<(String, Vec<Step>)> = Vec::new();
+    for step in batch {
+        let lane = step.lane.clone().unwrap_or_else(|| step.name.clone());
+        match lanes.iter_mut().find(|(name, _)| *name == lane) {
+            Some((_, steps)) => steps.push(step),
+            None => lanes.push((lane, vec![step])),
+        }
+    }
+    let threads: Vec<_> = lanes
+        .into_iter()
+        .map(|(_, steps)| {
+            let scratch = scratch.map(Path::to_path_buf);
+            let work = work.to_path_buf();
+            std::thread::spawn(move || -> Result<Vec<Outcome>> {
+                let mut outcomes = Vec::new();
+                for step in steps {
+                    let outcome = run_logged(&step, scratch.as_deref(), &work)?;
+                    let failed = !outcome.1;
+                    outcomes.push(outcome);
+                    if failed && !keep_going {
+                        break;
+                    }
+                }
+                Ok(outcomes)
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in threads {
+        outcomes.extend(
+            t.join()
+                .map_err(|_| anyhow::anyhow!("a lane's thread panicked"))??,
+        );
+    }
+    Ok(outcomes)
+}
+
+/// One step with its output prefixed and logged; its result is announced
+/// when it ends.
+fn run_logged(step: &Step, scratch: Option<&Path>, work: &Path) -> Result<Outcome> {
+    let started = Instant::now();
+    announce(step);
+    let log_path = work.join(format!("ci-{}.log", step.name));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let log = Arc::new(Mutex::new(log));
+    let mut child = command_of(step, scratch)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting step {}", step.name))?;
+    let out: Option<Box<dyn Read + Send>> = child
+        .stdout
+        .take()
+        .map(|o| Box::new(o) as Box<dyn Read + Send>);
+    let err: Option<Box<dyn Read + Send>> = child
+        .stderr
+        .take()
+        .map(|e| Box::new(e) as Box<dyn Read + Send>);
+    let copiers: Vec<_> = [out, err]
+        .into_iter()
+        .flatten()
+        .map(|stream| {
+            let name = step.name.clone();
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || prefix_lines(&name, stream, &log))
+        })
+        .collect();
+    let status = child.wait();
+    for c in copiers {
+        let _ = c.join();
+    }
+    let took = started.elapsed();
+    let ok = status.as_ref().is_ok_and(|s| s.success());
+    eprintln!(
+        "==> ci: {} {} after {:.0}s (whole output: {})",
+        step.name,
+        if ok { "ok" } else { "FAILED" },
+        took.as_secs_f64(),
+        log_path.display()
+    );
+    status.with_context(|| format!("waiting for step {}", step.name))?;
+    Ok((step.name.clone(), ok, took))
+}
+
+/// Copies `stream` line by line to stderr, prefixed with `[name]`, and to `log`.
+fn prefix_lines(name: &str, stream: Box<dyn Read + Send>, log: &Mutex<std::fs::File>) {
+    let mut reader = BufReader::new(stream);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        eprintln!("[{name}] {text}");
+        if let Ok(mut f) = log.lock() {
+            let _ = writeln!(f, "{text}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(name: &str, lane: &str, script: &str) -> Step {
+        Step {
+            name: name.into(),
+            program: "sh",
+            args: vec!["-c".into(), script.into()],
+            env: &[],
+            lane: Some(lane.into()),
+        }
+    }
+
+    #[test]
+    fn output_is_logged_whole_and_outcomes_are_per_step() {
+        let work = tempfile::tempdir().unwrap();
+        let outcomes = run(
+            vec![
+                sh("a", "a", "echo one; echo two >&2; echo three"),
+                sh("b", "b", "sleep 0.2; echo late; exit 3"),
+            ],
+            None,
+            work.path(),
+            false,
+        )
+        .unwrap();
+        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
+        assert_eq!(ok, [("a", true), ("b", false)]);
+        assert!(outcomes[1].2 >= Duration::from_millis(200));
+        let a = std::fs::read_to_string(work.path().join("ci-a.log")).unwrap();
+        let mut lines: Vec<&str> = a.lines().collect();
+        lines.sort();
+        assert_eq!(lines, ["one", "three", "two"]);
+        let b = std::fs::read_to_string(work.path().join("ci-b.log")).unwrap();
+        assert_eq!(b, "late\n");
+    }
+
+    #[test]
+    fn lanes_run_at_the_same_time_and_their_steps_one_after_another() {
+        let work = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let outcomes = run(
+            vec![
+                sh("slow", "legs", "sleep 1"),
+                sh("first", "checks", "sleep 0.4"),
+                sh("second", "checks", "sleep 0.4"),
+            ],
+            None,
+            work.path(),
+            false,
+        )
+        .unwrap();
+        // Two lanes side by side: about 1 s in all, not 1.8 s.
+        assert!(
+            started.elapsed() < Duration::from_millis(1600),
+            "{outcomes:?}"
+        );
+        let names: Vec<&str> = outcomes.iter().map(|o| o.0.as_str()).collect();
+        assert_eq!(names, ["slow", "first", "second"]);
+        // Durations are each step's own: not the lane's, not the batch's.
+        assert!(outcomes[0].2 >= Duration::from_secs(1));
+        for o in &outcomes[1..] {
+            assert!(o.2 >= Duration::from_millis(400), "{o:?}");
+            assert!(o.2 < Duration::from_millis(900), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn a_lane_stops_at_its_first_failure_unless_told_to_keep_going() {
+        let work = tempfile::tempdir().unwrap();
+        let batch = || {
+            vec![
+                sh("leg", "leg", "true"),
+                sh("broken", "checks", "exit 1"),
+                sh("after", "checks", "true"),
+            ]
+        };
+        let outcomes = run(batch(), None, work.path(), false).unwrap();
+        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
+        assert_eq!(ok, [("leg", true), ("broken", false)]);
+        let outcomes = run(batch(), None, work.path(), true).unwrap();
+        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
+        assert_eq!(ok, [("leg", true), ("broken", false), ("after", true)]);
+    }
+}
