@@ -97,10 +97,9 @@ pub fn check(helm: &Helm, root: &Path) -> Result<()> {
                 "a DeviceClass name that is not a DNS subdomain",
             ),
         ] {
-            let out = helm
-                .command()
-                .args(["lint", "--strict", path_str(&dir)?, "--set", bad])
-                .output()?;
+            let args = ["lint", "--strict", path_str(&dir)?, "--set", bad];
+            let _turn = e2e::charts::chart_dirs_lock(&args)?;
+            let out = helm.command().args(args).output()?;
             ensure!(
                 !out.status.success(),
                 "{}: helm lint accepted {why} ({bad}): values.schema.json is too loose",

@@ -42,6 +42,7 @@ impl Helm {
 
     /// Runs helm with `args`, returning stdout; stderr is included in the error.
     pub fn output(&self, args: &[&str]) -> Result<String> {
+        let _turn = e2e::charts::chart_dirs_lock(args).context("locking charts/.helm.lock")?;
         let out = self
             .command()
             .args(args)

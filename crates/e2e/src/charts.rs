@@ -28,6 +28,34 @@ pub const NAMESPACE: &str = "aws-dra";
 /// Kinds the suite does not apply (the drivers run as host processes).
 pub const SKIPPED_KINDS: [&str; 3] = ["DaemonSet", "Service", "ServiceMonitor"];
 
+/// Taken (exclusively) while a helm command names a path under the
+/// repository's `charts/` directory; `None` when none of `args` does.
+///
+/// `helm dependency build` rewrites `charts/<chart>/charts/` through a
+/// `tmpcharts-<pid>` directory inside the chart, and a helm process that
+/// loads the same chart meanwhile fails (`lstat …/tmpcharts-<pid>: no such
+/// file or directory`). Processes that run helm side by side (CI's e2e legs,
+/// the chart checks) therefore take turns on `charts/.helm.lock`; each helm
+/// command is short (none of ours waits for a rollout).
+pub fn chart_dirs_lock(args: &[&str]) -> std::io::Result<Option<std::fs::File>> {
+    let charts = repo_root().join("charts").canonicalize()?;
+    let names_a_chart = args.iter().any(|a| {
+        Path::new(a)
+            .canonicalize()
+            .is_ok_and(|path| path.starts_with(&charts))
+    });
+    if !names_a_chart {
+        return Ok(None);
+    }
+    let file = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(charts.join(".helm.lock"))?;
+    file.lock()?;
+    Ok(Some(file))
+}
+
 /// One driver chart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chart {
@@ -106,6 +134,8 @@ impl Helm {
     }
 
     pub(crate) fn run(&self, args: &[&str]) -> Result<String> {
+        let lock = repo_root().join("charts/.helm.lock");
+        let _turn = chart_dirs_lock(args).map_err(io("locking", &lock))?;
         let out = Command::new(&self.binary)
             .env("HELM_CONFIG_HOME", self.home.join("config"))
             .env("HELM_CACHE_HOME", self.home.join("cache"))
@@ -210,6 +240,24 @@ pub fn applied_objects(rendered: &[Value]) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn helm_commands_on_a_chart_directory_take_turns() {
+        let chart = repo_root().join("charts").join(EFA_CHART.name);
+        let chart = chart.to_str().unwrap();
+        assert!(chart_dirs_lock(&["version"]).unwrap().is_none());
+        let held = chart_dirs_lock(&["dependency", "build", chart])
+            .unwrap()
+            .expect("a chart directory is locked");
+        let other = std::fs::File::open(repo_root().join("charts/.helm.lock")).unwrap();
+        assert!(
+            matches!(other.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+            "a second holder got the lock"
+        );
+        drop(held);
+        // Blocking: another process (a CI leg) may take a turn first.
+        other.lock().expect("free once the first holder is done");
+    }
 
     #[test]
     fn pinned_version_is_read_from_the_require_line() {
