@@ -30,8 +30,11 @@ use super::partitions::{check_cores_pod, extended_resource_pod, implicit_claim_d
 use crate::testbed::{DriverKind, Testbed};
 
 const RESOURCE: &str = "aws.amazon.com/neuroncore";
-/// How long a started driver has to publish before it counts as refused.
-const REFUSAL_WINDOW: Duration = Duration::from_secs(30);
+/// How long a started driver has to publish before it counts as refused: a
+/// driver that starts publishes its pool within about 3.5 s of its start,
+/// its container's start included (the charts testbed's start → slices
+/// figures), so 15 s leaves it four times that.
+const REFUSAL_WINDOW: Duration = Duration::from_secs(15);
 
 /// Sets the device plugin's resource in the node's capacity and
 /// allocatable (`None`: 0, as the kubelet leaves it).
@@ -57,17 +60,18 @@ async fn allocatable(tb: &impl Testbed, node_name: &str) -> Result<Option<String
         .and_then(|a| a.get(RESOURCE).map(|q| q.0.clone())))
 }
 
-/// Waits until kubelet has registered the Neuron driver on trn2
+/// Waits until kubelet has registered the driver `kind` on `node`
 /// (`dra_plugin_registered 1`): a complete pool in the API comes first, and
 /// a pod that reaches the kubelet before the registration fails its prepare
-/// and waits out the kubelet's back-off.
-async fn registered(tb: &impl Testbed) -> Result<()> {
+/// and waits for the kubelet's next periodic sync of the pod
+/// (kubernetes#139836).
+pub(super) async fn registered_on(tb: &impl Testbed, node: &str, kind: DriverKind) -> Result<()> {
     kit::wait_for(
         tb,
-        "kubelet registration of neuron-driver on trn2",
+        &format!("kubelet registration of {} on {node}", kind.binary()),
         Duration::from_secs(30),
         || async {
-            let metrics = tb.driver_metrics("trn2", DriverKind::Neuron).await?;
+            let metrics = tb.driver_metrics(node, kind).await?;
             Ok(metrics
                 .lines()
                 .any(|l| l.trim() == "dra_plugin_registered 1")
@@ -97,7 +101,7 @@ pub async fn device_plugin_to_dra(tb: &impl Testbed, ns: &str) -> Result<()> {
             let _ = tb.stop_driver("trn2", DriverKind::Neuron).await;
             tb.start_driver("trn2", DriverKind::Neuron).await?;
         }
-        registered(tb).await?;
+        registered_on(tb, "trn2", DriverKind::Neuron).await?;
         anyhow::Ok(())
     }
     .await;
@@ -141,7 +145,7 @@ async fn steps(tb: &impl Testbed, ns: &str, node_name: &str) -> Result<()> {
 
     // 3. Install the driver, and wait until kubelet has registered it.
     tb.start_driver("trn2", DriverKind::Neuron).await?;
-    registered(tb).await?;
+    registered_on(tb, "trn2", DriverKind::Neuron).await?;
 
     // 4. The same pod, unchanged, now served by DRA.
     kit::apply_all(tb, ns, &[workload()]).await?;
@@ -160,7 +164,7 @@ async fn steps(tb: &impl Testbed, ns: &str, node_name: &str) -> Result<()> {
     );
     tb.stop_driver("trn2", DriverKind::Neuron).await?;
     tb.start_driver("trn2", DriverKind::Neuron).await?;
-    registered(tb).await?;
+    registered_on(tb, "trn2", DriverKind::Neuron).await?;
     kit::delete_pods(tb, ns, &["training"], GONE).await?;
     Ok(())
 }
