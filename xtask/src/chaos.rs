@@ -36,6 +36,16 @@ pub struct ChaosArgs {
     /// Skip the kubelet restart, reboot, outage and disk faults.
     #[arg(long)]
     no_faults: bool,
+    /// Cycles at a time (each lane takes the next cycle when its own ends).
+    #[arg(long, default_value_t = 4)]
+    lanes: u64,
+    /// The kubelets' `syncFrequency`, seconds (default: the kubelet's own,
+    /// 60). The kubelet retries a prepare that failed while a driver was
+    /// dead only at its next sync of the pod (kubernetes#139836), so with
+    /// the default each such pod waits 60–90 s; the checks do not depend on
+    /// it, the run's length does.
+    #[arg(long)]
+    kubelet_sync_frequency: Option<u64>,
     /// Kubernetes release (a minor such as `1.37`, or an exact version).
     #[arg(long, default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
     kubernetes: String,
@@ -70,11 +80,17 @@ pub fn run(args: ChaosArgs) -> Result<()> {
         pod_timeout: Duration::from_secs(args.pod_timeout),
         seed,
         faults: !args.no_faults,
+        lanes: args.lanes.max(1),
+        kubelet_sync_frequency: args.kubelet_sync_frequency.map(Duration::from_secs),
         kubernetes_version: version.clone(),
     };
     eprintln!(
-        "==> chaos: Kubernetes {version}, {} cycles, {} kills per driver, seed {seed}",
-        args.cycles, args.kills
+        "==> chaos: Kubernetes {version}, {} cycles {} at a time, {} kills per driver, kubelet syncFrequency {}, seed {seed}",
+        args.cycles,
+        args.lanes.max(1),
+        args.kills,
+        args.kubelet_sync_frequency
+            .map_or("default".to_string(), |s| format!("{s}s"))
     );
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(e2e::chaos::run(&options))?;

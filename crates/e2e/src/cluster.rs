@@ -56,6 +56,7 @@ pub(crate) struct Inner {
     /// cgroup path (relative to each hierarchy) holding the whole run.
     pub(crate) cgroup: String,
     keep_state_dir: bool,
+    kubelet_sync_frequency: Option<Duration>,
     pub(crate) processes: Mutex<Processes>,
 }
 
@@ -192,6 +193,7 @@ impl LocalCluster {
             state_dir,
             cgroup: format!("aws-dra-e2e/{id}"),
             keep_state_dir: config.keep_state_dir,
+            kubelet_sync_frequency: config.kubelet_sync_frequency,
             processes: Mutex::new(Processes {
                 control_plane: Vec::new(),
                 nodes: Vec::new(),
@@ -275,6 +277,7 @@ impl LocalCluster {
             client_ca: self.ca.cert_file.clone(),
             kubelet_port: ports.pick(IpAddr::V4(NODE_IP))?,
             healthz_port: ports.pick(IpAddr::V4(Ipv4Addr::LOCALHOST))?,
+            sync_frequency: self.inner.kubelet_sync_frequency,
         };
         let (local, procs) = node::start(&plan, &self.binaries, timeout).await?;
         self.record_node(procs)?;

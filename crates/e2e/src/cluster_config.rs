@@ -54,6 +54,12 @@ pub struct ClusterConfig {
     /// every request not made by the control plane or a kubelet): what
     /// `cargo xtask bench` counts requests per client from.
     pub audit_log: bool,
+    /// The kubelets' `syncFrequency` (`None`: the kubelet's default, 1 min).
+    /// The kubelet retries a prepare that failed (a driver that was down)
+    /// only at its next periodic sync of the pod (kubernetes#139836), so this
+    /// is how long such a pod waits: `cargo xtask chaos
+    /// --kubelet-sync-frequency` shortens it to fit its cycles into a run.
+    pub kubelet_sync_frequency: Option<Duration>,
 }
 
 impl ClusterConfig {
@@ -67,6 +73,7 @@ impl ClusterConfig {
             start_timeout: Duration::from_secs(120),
             keep_state_dir: false,
             audit_log: false,
+            kubelet_sync_frequency: None,
         }
     }
 }

@@ -13,8 +13,7 @@
 //! with that token, the node's kubelet dirs, the fixture, and its own
 //! metrics port.
 //!
-//! Driver binaries are looked up in `AWS_DRA_BIN_DIR`, else next to the
-//! running executable (`target/<profile>/`, also from `deps/`).
+//! Driver binaries: `AWS_DRA_BIN_DIR`, else next to the running executable.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -89,15 +88,16 @@ impl LocalTestbed {
             None => driver_bin_dir(&kinds)?,
         };
         let helm = Helm::locate()?;
-        let mut config = ClusterConfig::with_nodes(&[]);
-        config.kubernetes_version = options.kubernetes_version.clone();
-        config.keep_state_dir = options.keep_state_dir;
-        config.audit_log = options.audit_log;
-        config.nodes = options
-            .nodes
-            .iter()
-            .map(|(n, t, _)| NodeSpec::new(n).label("node.kubernetes.io/instance-type", t))
-            .collect();
+        let config = ClusterConfig {
+            kubernetes_version: options.kubernetes_version.clone(),
+            keep_state_dir: options.keep_state_dir,
+            audit_log: options.audit_log,
+            kubelet_sync_frequency: options.kubelet_sync_frequency,
+            nodes: (options.nodes.iter())
+                .map(|(n, t, _)| NodeSpec::new(n).label("node.kubernetes.io/instance-type", t))
+                .collect(),
+            ..ClusterConfig::with_nodes(&[])
+        };
         let cluster = LocalCluster::start(config).await?;
         let client = cluster.client()?;
         let testbed = LocalTestbed {

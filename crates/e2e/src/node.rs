@@ -62,6 +62,8 @@ pub(crate) struct NodePlan {
     pub client_ca: PathBuf,
     pub kubelet_port: u16,
     pub healthz_port: u16,
+    /// `syncFrequency` of the kubelet (`None`: its default).
+    pub sync_frequency: Option<std::time::Duration>,
 }
 
 /// The processes of one node, owned by the cluster's process table.
@@ -242,6 +244,9 @@ pub(crate) async fn start(
 
     let kubelet_config = plan.run_dir.join("kubelet.config.json");
     let mut configuration = kubelet_configuration(plan, &socket, &pod_logs, &volume_plugins);
+    if let Some(every) = plan.sync_frequency {
+        configuration["syncFrequency"] = json!(format!("{}ms", every.as_millis()));
+    }
     binaries
         .kubernetes_version
         .release()?

@@ -161,6 +161,8 @@ pub struct LocalOptions {
     pub kubernetes_version: KubernetesVersion,
     /// The API server writes an audit log ([`crate::ClusterConfig::audit_log`]).
     pub audit_log: bool,
+    /// The kubelets' `syncFrequency` ([`crate::ClusterConfig::kubelet_sync_frequency`]).
+    pub kubelet_sync_frequency: Option<std::time::Duration>,
 }
 
 impl Default for LocalOptions {
@@ -183,6 +185,7 @@ impl Default for LocalOptions {
             bin_dir: None,
             kubernetes_version: selected_kubernetes_version(),
             audit_log: false,
+            kubelet_sync_frequency: None,
         }
     }
 }

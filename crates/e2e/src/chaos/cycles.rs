@@ -18,7 +18,14 @@
 //! kills land while pods are being prepared, are running, or are being
 //! unprepared; the driver is started again at once (the start waits for
 //! its pool to be complete in the API).
+//!
+//! [`ChaosOptions::lanes`] cycles run at a time, each lane taking the next
+//! cycle number when its cycle ends: a cycle whose pod waits for the
+//! kubelet's retry after a kill does not hold up the others, and a kill
+//! lands among several cycles' prepares and unprepares at once. The device
+//! checks see every lane's claims.
 
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -166,15 +173,8 @@ fn cycle_pods(tb: &impl Testbed, i: u64) -> (Vec<Value>, Vec<String>) {
     (objs, names)
 }
 
-/// Kills the driver after `delay` and starts it again; returns the restart
-/// time.
-async fn kill_after(
-    tb: &impl Testbed,
-    node: &str,
-    kind: DriverKind,
-    delay: Duration,
-) -> Result<Duration> {
-    tokio::time::sleep(delay).await;
+/// Kills the driver and starts it again; returns the restart time.
+async fn kill_and_restart(tb: &impl Testbed, node: &str, kind: DriverKind) -> Result<Duration> {
     tb.kill_driver(node, kind)?;
     kit::wait_for(
         tb,
@@ -186,73 +186,152 @@ async fn kill_after(
     tb.start_driver(node, kind).await.map_err(Into::into)
 }
 
-/// Runs the cycles; stops early at `options.max_duration`.
+/// What the lanes share: the next cycle, the kill plan, the figures.
+struct Shared<'r> {
+    started: Instant,
+    next: Cell<u64>,
+    stop: Cell<bool>,
+    rng: RefCell<&'r mut Rng>,
+    kills_left: RefCell<BTreeMap<usize, u64>>,
+    /// One per target: a driver is killed by one lane at a time (a kill
+    /// waits for the previous one's restart).
+    killing: Vec<tokio::sync::Mutex<()>>,
+    figures: RefCell<CycleFigures>,
+    seen_uids: RefCell<BTreeSet<String>>,
+}
+
+/// Runs the cycles, [`ChaosOptions::lanes`] at a time; stops starting
+/// cycles at `options.max_duration`.
 pub async fn run(tb: &impl Testbed, options: &ChaosOptions, rng: &mut Rng) -> Result<CycleFigures> {
     let started = Instant::now();
     kit::namespace(tb, NAMESPACE).await?;
     kit::apply_all(tb, NAMESPACE, &templates()).await?;
-    let mut figures = CycleFigures::default();
-    let mut kills_left: BTreeMap<usize, u64> =
-        (0..TARGETS.len()).map(|t| (t, options.kills)).collect();
-    let mut seen_uids = BTreeSet::new();
-    for i in 0..options.cycles {
-        if options.max_duration.is_some_and(|d| started.elapsed() > d) {
-            eprintln!("==> chaos: time budget spent after {i} cycles");
-            break;
+    let shared = Shared {
+        started,
+        next: Cell::new(0),
+        stop: Cell::new(false),
+        rng: RefCell::new(rng),
+        kills_left: RefCell::new((0..TARGETS.len()).map(|t| (t, options.kills)).collect()),
+        killing: TARGETS
+            .iter()
+            .map(|_| tokio::sync::Mutex::new(()))
+            .collect(),
+        figures: RefCell::new(CycleFigures::default()),
+        seen_uids: RefCell::new(BTreeSet::new()),
+    };
+    let lanes = (0..options.lanes.max(1)).map(|_| async {
+        let result = lane(tb, options, &shared).await;
+        if result.is_err() {
+            // The other lanes finish the cycle they are in, then stop.
+            shared.stop.set(true);
         }
-        let cycles_left = options.cycles - i;
+        result
+    });
+    let results = futures::future::join_all(lanes).await;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    let seen_uids = shared.seen_uids.into_inner();
+    let mut figures = shared.figures.into_inner();
+    figures.claims = seen_uids.len() as u64;
+    // The end check over the whole run: nothing of any claim ever seen.
+    leftovers(tb, &seen_uids, &mut figures.leftovers, UNPREPARED).await?;
+    figures.seconds = started.elapsed().as_secs_f64();
+    Ok(figures)
+}
+
+/// One lane: takes the next cycle number until none is left, runs the
+/// cycle with the kills planned for it alongside, adds its figures.
+async fn lane(tb: &impl Testbed, options: &ChaosOptions, shared: &Shared<'_>) -> Result<()> {
+    loop {
+        let i = shared.next.get();
+        if shared.stop.get() || i >= options.cycles {
+            return Ok(());
+        }
+        if options
+            .max_duration
+            .is_some_and(|d| shared.started.elapsed() > d)
+        {
+            eprintln!("==> chaos: time budget spent after {i} cycles started");
+            shared.stop.set(true);
+            return Ok(());
+        }
+        shared.next.set(i + 1);
         // Which drivers die this cycle, and when.
-        let mut plan = Vec::new();
-        for (t, left) in kills_left.iter_mut() {
-            if *left > 0 && rng.below(cycles_left) < *left {
-                *left -= 1;
-                plan.push((*t, Duration::from_millis(rng.below(8000))));
+        let plan = {
+            let cycles_left = options.cycles - i;
+            let mut rng = shared.rng.borrow_mut();
+            let mut plan = Vec::new();
+            for (t, left) in shared.kills_left.borrow_mut().iter_mut() {
+                if *left > 0 && rng.below(cycles_left) < *left {
+                    *left -= 1;
+                    plan.push((*t, Duration::from_millis(rng.below(8000))));
+                }
             }
-        }
+            plan
+        };
         let kills = async {
             let mut out = Vec::new();
             for (t, delay) in &plan {
                 let (node, kind) = TARGETS[*t];
-                out.push((*t, kill_after(tb, node, kind, *delay).await));
+                tokio::time::sleep(*delay).await;
+                let _one_at_a_time = shared.killing[*t].lock().await;
+                out.push((*t, kill_and_restart(tb, node, kind).await));
             }
             out
         };
+        let mut cycle = CycleFigures::default();
+        let mut cycle_uids = BTreeSet::new();
         let (body, kill_results) = tokio::join!(
-            one_cycle(tb, options, i, &mut figures, &mut seen_uids),
+            one_cycle(tb, options, i, &mut cycle, &mut cycle_uids),
             kills
         );
         for (t, r) in kill_results {
             let (node, kind) = TARGETS[t];
             let restart =
                 r.map_err(|e| anyhow!("restarting {} on {node}: {e:#}", kind.binary()))?;
-            *figures
+            *cycle
                 .kills
                 .entry(format!("{node}/{}", kind.binary()))
                 .or_default() += 1;
-            figures.restart_ms.push(restart.as_millis() as u64);
+            cycle.restart_ms.push(restart.as_millis() as u64);
         }
         body?;
-        figures.cycles += 1;
-        if (i + 1) % 10 == 0 {
+        cycle.cycles = 1;
+        shared.seen_uids.borrow_mut().extend(cycle_uids);
+        let mut figures = shared.figures.borrow_mut();
+        figures.absorb(cycle);
+        if figures.cycles.is_multiple_of(10) {
             eprintln!(
                 "==> chaos: {} cycles, {} pods ran of {}, kills {:?}, {:.0}s",
                 figures.cycles,
                 figures.pods_ran,
                 figures.pods_created,
                 figures.kills,
-                started.elapsed().as_secs_f64()
+                shared.started.elapsed().as_secs_f64()
             );
         }
         if !figures.stuck.is_empty() {
             eprintln!("==> chaos: stopping, pods stuck: {:?}", figures.stuck);
-            break;
+            shared.stop.set(true);
         }
     }
-    figures.claims = seen_uids.len() as u64;
-    // The end check over the whole run: nothing of any claim ever seen.
-    leftovers(tb, &seen_uids, &mut figures.leftovers, UNPREPARED).await?;
-    figures.seconds = started.elapsed().as_secs_f64();
-    Ok(figures)
+}
+
+impl CycleFigures {
+    /// Adds one cycle's figures to the run's.
+    fn absorb(&mut self, cycle: CycleFigures) {
+        self.cycles += cycle.cycles;
+        self.pods_created += cycle.pods_created;
+        self.pods_ran += cycle.pods_ran;
+        for (target, n) in cycle.kills {
+            *self.kills.entry(target).or_default() += n;
+        }
+        self.restart_ms.extend(cycle.restart_ms);
+        self.all_running_ms.extend(cycle.all_running_ms);
+        self.not_run.extend(cycle.not_run);
+        self.stuck.extend(cycle.stuck);
+        self.double_held.extend(cycle.double_held);
+        self.leftovers.extend(cycle.leftovers);
+    }
 }
 
 async fn one_cycle(

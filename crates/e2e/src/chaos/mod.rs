@@ -39,12 +39,18 @@ pub struct ChaosOptions {
     /// Stop starting cycles after this long (the figures say how many ran).
     pub max_duration: Option<Duration>,
     /// How long a pod may take to run (the kubelet retries a prepare that
-    /// failed while a driver was down on its pod-sync backoff).
+    /// failed while a driver was down at its next periodic sync of the pod).
     pub pod_timeout: Duration,
     /// Seed of the kill plan.
     pub seed: u64,
     /// Run the kubelet, reboot, outage and disk faults after the cycles.
     pub faults: bool,
+    /// Cycles at a time ([`cycles`]).
+    pub lanes: u64,
+    /// The kubelets' `syncFrequency` (`None`: the kubelet's 1 min). A pod
+    /// whose prepare failed while its driver was dead waits for it
+    /// (kubernetes#139836).
+    pub kubelet_sync_frequency: Option<Duration>,
     pub kubernetes_version: KubernetesVersion,
 }
 
@@ -79,6 +85,9 @@ pub struct ChaosReport {
     pub seed: u64,
     pub cycles_asked: u64,
     pub kills_asked: u64,
+    pub lanes: u64,
+    /// The kubelets' `syncFrequency` in seconds (`None`: the default, 60).
+    pub kubelet_sync_frequency_s: Option<f64>,
     pub cycles: CycleFigures,
     pub faults: Option<FaultFigures>,
     pub disk: Option<DiskFigures>,
@@ -111,8 +120,15 @@ impl ChaosReport {
             "| check | figure |".to_string(),
             "| --- | --- |".to_string(),
             format!(
-                "| create/delete cycles (5 pods, 4 claims each: single EFA, shared EFA, GPU+EFA aligned, Neuron) | {} run of {} asked, {:.0} s |",
-                c.cycles, self.cycles_asked, c.seconds
+                "| create/delete cycles (5 pods, 4 claims each: single EFA, shared EFA, GPU+EFA aligned, Neuron), {} at a time | {} run of {} asked, {:.0} s |",
+                self.lanes, c.cycles, self.cycles_asked, c.seconds
+            ),
+            format!(
+                "| kubelet `syncFrequency` (a prepare that failed while the driver was dead is retried at the next sync, kubernetes#139836) | {} |",
+                match self.kubelet_sync_frequency_s {
+                    Some(s) => format!("{s:.0} s (set for this run)"),
+                    None => "60 s (the default)".to_string(),
+                }
             ),
             format!(
                 "| SIGKILLs (asked {} per driver) | {} |",
@@ -180,6 +196,7 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport> {
     let started = Instant::now();
     let testbed = LocalTestbed::start(LocalOptions {
         kubernetes_version: options.kubernetes_version.clone(),
+        kubelet_sync_frequency: options.kubelet_sync_frequency,
         ..LocalOptions::default()
     })
     .await?;
@@ -227,6 +244,8 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport> {
         seed: options.seed,
         cycles_asked: options.cycles,
         kills_asked: options.kills,
+        lanes: options.lanes,
+        kubelet_sync_frequency_s: options.kubelet_sync_frequency.map(|d| d.as_secs_f64()),
         cycles,
         faults,
         disk,
