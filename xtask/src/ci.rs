@@ -58,8 +58,8 @@ fn e2e_matrix() -> Vec<(u32, &'static str)> {
 }
 
 /// Seconds of each fuzz target in CI, one at a time beside the e2e legs
-/// (5 targets: 75 s of fuzzing, plus the build).
-const FUZZ_SMOKE_SECONDS: u64 = 15;
+/// (5 targets: 50 s of fuzzing, plus the build).
+const FUZZ_SMOKE_SECONDS: u64 = 10;
 
 /// The lane of the checks that need no cluster, beside the e2e legs.
 const CHECKS_LANE: &str = "checks";
