@@ -12,6 +12,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -104,6 +105,60 @@ fn in_parallel<T: Sync, E: Send>(
     })
 }
 
+/// How old a temp file of [`stage`] must be before a starting driver takes
+/// it for abandoned. A live writer's temp file exists for milliseconds;
+/// another instance of the same driver (a rolling update) may be writing
+/// one beside this one right now.
+pub(crate) const ABANDONED_AFTER: Duration = Duration::from_secs(60);
+
+/// The file a temp file of [`stage`] was staged for: `.<target>.tmp-<pid>-<n>`
+/// gives `target`; any other name gives `None`.
+fn staged_target(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix('.')?;
+    let at = rest.rfind(".tmp-")?;
+    let (pid, n) = rest[at + 5..].split_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (at > 0 && digits(pid) && digits(n)).then(|| &rest[..at])
+}
+
+/// Removes the temp files of [`stage`] in `dir` whose target satisfies
+/// `ours` and that are older than `min_age`: what a process killed between
+/// staging and committing left (SIGKILL runs no destructor). Returns the
+/// files removed; a file that vanished meanwhile is not an error.
+pub(crate) fn remove_abandoned(
+    dir: &Path,
+    ours: impl Fn(&str) -> bool,
+    min_age: Duration,
+) -> std::io::Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let now = SystemTime::now();
+    let mut removed = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(target) = name.to_str().and_then(staged_target) else {
+            continue;
+        };
+        if !ours(target) {
+            continue;
+        }
+        let Ok(modified) = entry.metadata().and_then(|m| m.modified()) else {
+            continue;
+        };
+        if now.duration_since(modified).unwrap_or_default() < min_age {
+            continue;
+        }
+        let path = entry.path();
+        remove_if_exists(&path)?;
+        removed.push(path);
+    }
+    Ok(removed)
+}
+
 /// Removes a file; a file that is already gone is fine.
 pub(crate) fn remove_if_exists(path: &Path) -> std::io::Result<()> {
     match fs::remove_file(path) {
@@ -146,5 +201,66 @@ mod tests {
         );
         drop(staged);
         assert_eq!(fs::read_to_string(&a).unwrap(), "A");
+    }
+
+    #[test]
+    fn temp_names_are_recognised_and_nothing_else() {
+        assert_eq!(
+            staged_target(".k8s.efa-efa_u1.json.tmp-7478-164"),
+            Some("k8s.efa-efa_u1.json")
+        );
+        assert_eq!(
+            staged_target(".checkpoint.json.tmp-1-0"),
+            Some("checkpoint.json")
+        );
+        for name in [
+            "k8s.efa-efa_u1.json",
+            ".k8s.efa-efa_u1.json",
+            ".tmp-1-2",
+            ".x.tmp-1",
+            ".x.tmp-a-2",
+            ".x.tmp-1-",
+            "x.tmp-1-2",
+        ] {
+            assert_eq!(staged_target(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn abandoned_temp_files_of_ours_go_and_everything_else_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let put = |name: &str| {
+            let path = dir.path().join(name);
+            fs::write(&path, "x").unwrap();
+            path
+        };
+        // What a writer killed between stage and commit leaves: a temp
+        // file whose destructor never ran.
+        let killed = stage(&dir.path().join("k8s.efa-efa_u1.json"), b"{}").unwrap();
+        let abandoned = killed.tmp.clone();
+        std::mem::forget(killed);
+        let spec = put("k8s.efa-efa_u2.json");
+        let other_driver = put(".k8s.gpu-gpu_u3.json.tmp-9-9");
+        let not_a_temp_file = put(".k8s.efa-efa_u4.json.swp");
+        let ours = |t: &str| t.starts_with("k8s.efa-efa_");
+
+        // Young: a live writer's, or one beside us in a rolling update.
+        let removed = remove_abandoned(dir.path(), ours, Duration::from_secs(60)).unwrap();
+        assert!(removed.is_empty(), "{removed:?}");
+        assert!(abandoned.exists());
+
+        let removed = remove_abandoned(dir.path(), ours, Duration::ZERO).unwrap();
+        assert_eq!(removed, std::slice::from_ref(&abandoned));
+        assert!(!abandoned.exists());
+        for kept in [spec, other_driver, not_a_temp_file] {
+            assert!(kept.exists(), "{} removed", kept.display());
+        }
+        // No directory: nothing to do.
+        let gone = dir.path().join("gone");
+        assert!(
+            remove_abandoned(&gone, ours, Duration::ZERO)
+                .unwrap()
+                .is_empty()
+        );
     }
 }

@@ -80,6 +80,18 @@ impl CdiWriter {
         }
     }
 
+    /// Removes the temp files of this driver's specs that a writer killed
+    /// between staging and committing left in the CDI root (older than
+    /// [`crate::atomic::ABANDONED_AFTER`]); returns them.
+    pub fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
+        let prefix = format!("{}-{}_", self.vendor, self.class);
+        crate::atomic::remove_abandoned(
+            &self.root,
+            |target| target.starts_with(&prefix) && target.ends_with(".json"),
+            crate::atomic::ABANDONED_AFTER,
+        )
+    }
+
     pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
         self.root
             .join(format!("{}-{}_{claim_uid}.json", self.vendor, self.class))
@@ -174,6 +186,56 @@ mod tests {
     use super::*;
     use crate::driver::DeviceNode;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn a_killed_writers_spec_temp_file_goes_once_old_and_only_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = CdiWriter::new(dir.path(), "efa.example.com", "efa");
+        let temp_files = || -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_string_lossy().contains(".tmp-"))
+                .collect();
+            v.sort();
+            v
+        };
+        // Killed between stage and commit: the destructor never runs.
+        let (_, staged) = writer.stage("uid-old", &[edits(None)]).unwrap();
+        std::mem::forget(staged);
+        let old = temp_files().pop().unwrap();
+        let hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(hours_ago)
+            .unwrap();
+        // A writer at work now (or another instance's, in a rolling update).
+        let (_, young) = writer.stage("uid-new", &[edits(None)]).unwrap();
+        // Another driver's, as old.
+        let other = dir.path().join(".k8s.gpu.example.com-gpu_u.json.tmp-1-1");
+        std::fs::write(&other, "{}").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(hours_ago)
+            .unwrap();
+
+        assert_eq!(
+            writer.remove_abandoned().unwrap(),
+            std::slice::from_ref(&old)
+        );
+        assert!(!old.exists());
+        assert!(other.exists());
+        assert_eq!(
+            temp_files().len(),
+            2,
+            "the young one and the other driver's"
+        );
+        drop(young);
+    }
 
     fn edits(host: Option<&str>) -> DeviceEdits {
         DeviceEdits {

@@ -100,6 +100,20 @@ impl CheckpointStore {
         &self.path
     }
 
+    /// Removes the checkpoint's temp files that a writer killed between
+    /// staging and committing left (older than
+    /// [`crate::atomic::ABANDONED_AFTER`]); returns them.
+    pub fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
+        let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) else {
+            return Ok(Vec::new());
+        };
+        crate::atomic::remove_abandoned(
+            dir,
+            |target| std::ffi::OsStr::new(target) == name,
+            crate::atomic::ABANDONED_AFTER,
+        )
+    }
+
     fn boot_id(&self) -> String {
         match std::fs::read_to_string(&self.boot_id_path) {
             Ok(id) => id.trim().to_string(),

@@ -249,6 +249,14 @@ impl<D: Driver> KubeletPlugin<D> {
         if let Err(e) = pipeline.checkpoint.load() {
             tracing::warn!(error = %e, "cannot read the checkpoint at start");
         }
+        // A run killed while writing (SIGKILL, OOM) leaves its temp files;
+        // they are removed once old enough to be nobody's (at most
+        // ABANDONED_AFTER + SWEEP_EVERY after they were written).
+        tokio::spawn(sweep_abandoned(
+            pipeline.cdi.clone(),
+            pipeline.checkpoint.clone(),
+            shutdown.clone(),
+        ));
 
         let mut versions = vec!["v1.DRAPlugin".to_string(), "v1beta1.DRAPlugin".to_string()];
         let mut plugin_router = tonic::transport::Server::builder()
@@ -521,6 +529,40 @@ macro_rules! dra_service_version {
 
 dra_service_version!(dra_v1);
 dra_service_version!(dra_v1beta1);
+
+/// How often [`sweep_abandoned`] looks for abandoned temp files.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Until `shutdown`: removes, every [`SWEEP_EVERY`], the temp files of this
+/// driver's CDI specs and checkpoint that a killed writer left behind
+/// ([`crate::atomic::ABANDONED_AFTER`] old). A small directory listing, off
+/// the reactor.
+async fn sweep_abandoned(cdi: CdiWriter, checkpoint: CheckpointStore, shutdown: CancellationToken) {
+    loop {
+        let (cdi, checkpoint) = (cdi.clone(), checkpoint.clone());
+        let found = tokio::task::spawn_blocking(move || {
+            [
+                ("CDI spec", cdi.remove_abandoned()),
+                ("checkpoint", checkpoint.remove_abandoned()),
+            ]
+        })
+        .await;
+        for (what, found) in found.into_iter().flatten() {
+            match found {
+                Ok(files) if files.is_empty() => {}
+                Ok(files) => tracing::info!(
+                    files = ?files,
+                    "removed {what} temp files that a killed writer left unfinished"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot clear abandoned {what} temp files"),
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+    }
+}
 
 #[cfg(test)]
 mod socket_length_tests {
