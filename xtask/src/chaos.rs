@@ -103,5 +103,13 @@ pub fn run(args: ChaosArgs) -> Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("==> chaos: wrote {}", path.display());
+    let failures = report.failures();
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("==> chaos: FAILED: {f}");
+        }
+        anyhow::bail!("chaos: {} check(s) failed (above)", failures.len());
+    }
+    eprintln!("==> chaos: every check passed");
     Ok(())
 }

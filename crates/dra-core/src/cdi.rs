@@ -82,7 +82,7 @@ impl CdiWriter {
 
     /// Removes the temp files of this driver's specs that a writer killed
     /// between staging and committing left in the CDI root (older than
-    /// [`crate::atomic::ABANDONED_AFTER`]); returns them.
+    /// 60 s); returns them.
     pub fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
         let prefix = format!("{}-{}_", self.vendor, self.class);
         crate::atomic::remove_abandoned(

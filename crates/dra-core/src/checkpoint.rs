@@ -102,7 +102,7 @@ impl CheckpointStore {
 
     /// Removes the checkpoint's temp files that a writer killed between
     /// staging and committing left (older than
-    /// [`crate::atomic::ABANDONED_AFTER`]); returns them.
+    /// 60 s); returns them.
     pub fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
         let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) else {
             return Ok(Vec::new());

@@ -112,7 +112,89 @@ fn ms_stats(v: &[u64]) -> String {
     )
 }
 
+/// The longest a driver's pool may take to be complete again after the API
+/// server's return (issue 17: "reconciled within 10 s").
+const RECONCILED_WITHIN_MS: u64 = 10_000;
+
 impl ChaosReport {
+    /// Every check that failed, as a line each; empty when the run is clean.
+    /// Durations other than the slices' reconciliation are figures, not
+    /// checks (they depend on the kubelet's settings and the machine).
+    pub fn failures(&self) -> Vec<String> {
+        let c = &self.cycles;
+        let mut out = Vec::new();
+        let mut named = |what: &str, v: &[String]| {
+            if !v.is_empty() {
+                out.push(format!("{what}: {}", list(v)));
+            }
+        };
+        named("pods did not run", &c.not_run);
+        named("pods stuck", &c.stuck);
+        named("devices held by two claims", &c.double_held);
+        named("checkpoint entries or CDI specs left behind", &c.leftovers);
+        named("parts not finished", &self.errors);
+        let mut check = |failed: bool, what: &str| {
+            if failed {
+                out.push(what.to_string());
+            }
+        };
+        if let Some(f) = &self.faults {
+            check(
+                f.kubelet_driver_restarts.is_some_and(|n| n > 0),
+                "a driver restarted while the kubelet did",
+            );
+            check(
+                f.kubelet_pod_unaffected == Some(false),
+                "the kubelet restart changed a held pod's container",
+            );
+            check(
+                f.reboot_forgotten_at_start == Some(false),
+                "after the simulated reboot the driver kept the old boot's claims",
+            );
+            check(
+                f.reboot_new_pod_ok == Some(false),
+                "no new pod ran after the simulated reboot",
+            );
+            check(
+                f.outage_driver_restarts.is_some_and(|n| n > 0),
+                "a driver restarted during the API server outage",
+            );
+            check(
+                f.outage_pod_unaffected == Some(false),
+                "the outage changed a held pod's container",
+            );
+            for (driver, ms) in &f.outage_slices_ms {
+                check(
+                    *ms > RECONCILED_WITHIN_MS,
+                    &format!("{driver}: slices reconciled {ms} ms after the return (over 10 s)"),
+                );
+            }
+        }
+        if let Some(d) = &self.disk {
+            check(
+                d.driver_restarts.is_some_and(|n| n > 0),
+                "the EFA driver restarted during the disk faults",
+            );
+            check(
+                d.corrupt_moved_aside == Some(false),
+                "the corrupt checkpoint was not moved aside",
+            );
+            check(
+                d.corrupt_specs_left.is_some_and(|n| n > 0),
+                "CDI specs left after the corrupt checkpoint's claim was deleted",
+            );
+            check(
+                d.full_event.is_none(),
+                "no pod event for the full CDI directory",
+            );
+            check(
+                d.readonly_event.is_none(),
+                "no pod event for the read-only checkpoint directory",
+            );
+        }
+        out
+    }
+
     /// The figures as a Markdown table.
     pub fn table(&self) -> Vec<String> {
         let c = &self.cycles;
@@ -266,6 +348,55 @@ mod tests {
             assert!(x < 8000);
             assert_eq!(x, b.below(8000));
         }
+    }
+
+    fn clean_report() -> ChaosReport {
+        ChaosReport {
+            kubernetes_version: "v1.37.2".into(),
+            seed: 1,
+            cycles_asked: 1,
+            kills_asked: 0,
+            lanes: 1,
+            kubelet_sync_frequency_s: None,
+            cycles: CycleFigures::default(),
+            faults: Some(FaultFigures::default()),
+            disk: Some(DiskFigures {
+                full_event: Some("No space left on device".into()),
+                readonly_event: Some("Read-only file system".into()),
+                ..DiskFigures::default()
+            }),
+            errors: Vec::new(),
+            seconds: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_clean_run_has_no_failures_and_each_broken_check_is_named() {
+        assert_eq!(clean_report().failures(), Vec::<String>::new());
+        let mut r = clean_report();
+        r.cycles.stuck.push("cycle 3: c3-single not gone".into());
+        r.cycles.leftovers.push("p5 CDI spec x".into());
+        if let Some(f) = r.faults.as_mut() {
+            f.outage_slices_ms = vec![
+                ("p5/efa-driver".into(), 57_100),
+                ("trn2/efa-driver".into(), 100),
+            ];
+        }
+        if let Some(d) = r.disk.as_mut() {
+            d.readonly_event = None;
+        }
+        let failures = r.failures();
+        assert_eq!(failures.len(), 4, "{failures:?}");
+        assert!(
+            failures[0].starts_with("pods stuck: 1: cycle 3"),
+            "{failures:?}"
+        );
+        assert!(failures[1].contains("left behind"), "{failures:?}");
+        assert!(
+            failures[2].contains("p5/efa-driver: slices reconciled 57100 ms"),
+            "{failures:?}"
+        );
+        assert!(failures[3].contains("read-only"), "{failures:?}");
     }
 
     #[test]
