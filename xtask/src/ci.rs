@@ -234,8 +234,7 @@ pub fn run(args: CiArgs) -> Result<()> {
             let ok = run_step(&step, scratch.as_deref())?;
             vec![(step.name, ok, t.elapsed())]
         } else {
-            let lanes = count_lanes(&batch);
-            let outcomes = lanes::run(batch, scratch.as_deref(), &work, args.keep_going)?;
+            let (lanes, outcomes) = lanes::run(batch, scratch.as_deref(), &work, args.keep_going)?;
             side_by_side_wall.push((lanes, t.elapsed()));
             outcomes
         };
@@ -325,14 +324,6 @@ fn run_step(step: &Step, scratch: Option<&Path>) -> Result<bool> {
         .status()
         .with_context(|| format!("starting step {}", step.name))?;
     Ok(status.success())
-}
-
-/// How many lanes a batch of steps makes.
-fn count_lanes(batch: &[Step]) -> usize {
-    let mut lanes: Vec<&str> = batch.iter().filter_map(|s| s.lane.as_deref()).collect();
-    lanes.sort();
-    lanes.dedup();
-    lanes.len()
 }
 
 /// One line per release and testbed that ran: outcome counts and every skip

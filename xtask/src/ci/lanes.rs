@@ -24,13 +24,14 @@ pub(super) type Outcome = (String, bool, Duration);
 
 /// Runs `batch` in lanes (grouped by [`Step::lane`], in the order the lanes
 /// first appear). A lane stops at its first failed step unless `keep_going`.
-/// Outcomes come lane by lane, each lane's in its order.
+/// Returns how many lanes ran, and the outcomes lane by lane, each lane's in
+/// its order.
 pub(super) fn run(
     batch: Vec<Step>,
     scratch: Option<&Path>,
     work: &Path,
     keep_going: bool,
-) -> Result<Vec<Outcome>> {
+) -> Result<(usize, Vec<Outcome>)> {
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let mut lanes: Vec<(String, Vec<Step>)> = Vec::new();
     for step in batch {
@@ -40,6 +41,7 @@ pub(super) fn run(
             None => lanes.push((lane, vec![step])),
         }
     }
+    let count = lanes.len();
     let threads: Vec<_> = lanes
         .into_iter()
         .map(|(_, steps)| {
@@ -66,7 +68,7 @@ pub(super) fn run(
                 .map_err(|_| anyhow::anyhow!("a lane's thread panicked"))??,
         );
     }
-    Ok(outcomes)
+    Ok((count, outcomes))
 }
 
 /// One step with its output prefixed and logged; its result is announced
@@ -154,7 +156,7 @@ mod tests {
     #[test]
     fn output_is_logged_whole_and_outcomes_are_per_step() {
         let work = tempfile::tempdir().unwrap();
-        let outcomes = run(
+        let (_, outcomes) = run(
             vec![
                 sh("a", "a", "echo one; echo two >&2; echo three"),
                 sh("b", "b", "sleep 0.2; echo late; exit 3"),
@@ -179,7 +181,7 @@ mod tests {
     fn lanes_run_at_the_same_time_and_their_steps_one_after_another() {
         let work = tempfile::tempdir().unwrap();
         let started = Instant::now();
-        let outcomes = run(
+        let (_, outcomes) = run(
             vec![
                 sh("slow", "legs", "sleep 1"),
                 sh("first", "checks", "sleep 0.4"),
@@ -215,10 +217,11 @@ mod tests {
                 sh("after", "checks", "true"),
             ]
         };
-        let outcomes = run(batch(), None, work.path(), false).unwrap();
+        let (lanes, outcomes) = run(batch(), None, work.path(), false).unwrap();
+        assert_eq!(lanes, 2, "the leg's lane and the checks' lane");
         let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
         assert_eq!(ok, [("leg", true), ("broken", false)]);
-        let outcomes = run(batch(), None, work.path(), true).unwrap();
+        let (_, outcomes) = run(batch(), None, work.path(), true).unwrap();
         let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
         assert_eq!(ok, [("leg", true), ("broken", false), ("after", true)]);
     }
