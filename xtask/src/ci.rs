@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use e2e::versions::{CI_RELEASES, MAIN_MINOR};
 
+mod entry;
 mod excerpt;
 mod lanes;
 use excerpt::failure_excerpt;
