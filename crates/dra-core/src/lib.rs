@@ -3,7 +3,9 @@
 //! The kubelet-facing half: the [`Driver`] trait a device driver implements,
 //! strict opaque config decoding ([`DriverConfig`]), the registration and DRA
 //! plugin gRPC servers ([`KubeletPlugin`]), claim preparation with CDI specs
-//! and a checkpoint, device health, metrics, and a socket self-check.
+//! and a checkpoint (each written to a temp file, synced and renamed; the temp
+//! files a killed driver leaves behind are swept once they are a minute old),
+//! device health, metrics, and a socket self-check.
 //!
 //! The API-server-facing half: device validation against the API limits and
 //! the ResourceSlice publisher ([`publish`]), Node lookups ([`node`]), the
