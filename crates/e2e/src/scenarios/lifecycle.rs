@@ -2,7 +2,7 @@
 //! (8), unprepare on delete (9), and a driver crash (10).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail, ensure};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -268,12 +268,25 @@ pub async fn driver_crash(tb: &impl Testbed, ns: &str) -> Result<()> {
     // chaos runs measure that). Here, once the kubelet has registered the
     // restarted driver, a pod still waiting is updated (an annotation), as
     // an operator would: an update makes the kubelet sync the pod at once,
-    // and the prepare it retries must succeed.
+    // and the prepare it retries must succeed. The update is repeated every
+    // few seconds while a pod still waits: a CI run saw s10 take 84 s after
+    // a single update, which the kubelet can sync before its DRA manager
+    // holds the new connection (that retry fails too, and the next one is
+    // again the periodic sync).
     super::migration::registered_on(tb, "p5", DriverKind::Efa).await?;
-    for n in ["new-1", "new-2"] {
-        if !is_running(tb, ns, n).await? {
-            nudge(tb, ns, n).await?;
+    let nudging = Instant::now();
+    for attempt in 1.. {
+        let mut waiting = 0;
+        for n in ["new-1", "new-2"] {
+            if !is_running(tb, ns, n).await? {
+                waiting += 1;
+                nudge(tb, ns, n, attempt).await?;
+            }
         }
+        if waiting == 0 || nudging.elapsed() > AFTER_RESTART {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
     }
     kit::running(tb, ns, "new-1", AFTER_RESTART).await?;
     kit::running(tb, ns, "new-2", AFTER_RESTART).await?;
@@ -343,12 +356,13 @@ async fn is_running(tb: &impl Testbed, ns: &str, name: &str) -> Result<bool> {
     Ok(pod.and_then(|p| p.status).and_then(|s| s.phase).as_deref() == Some("Running"))
 }
 
-/// Updates the pod (an annotation) so that the kubelet syncs it now
-/// instead of at its next periodic sync.
-async fn nudge(tb: &impl Testbed, ns: &str, name: &str) -> Result<()> {
+/// Updates the pod (an annotation that names the attempt: an unchanged
+/// value would be no update) so that the kubelet syncs it now instead of at
+/// its next periodic sync.
+async fn nudge(tb: &impl Testbed, ns: &str, name: &str, attempt: u32) -> Result<()> {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(tb.client(), ns);
     let patch = json!({"metadata": {"annotations": {
-        "e2e.aws-dra.dev/nudged": "kubernetes#139836",
+        "e2e.aws-dra.dev/nudged": format!("kubernetes#139836, attempt {attempt}"),
     }}});
     pods.patch(
         name,
@@ -358,6 +372,7 @@ async fn nudge(tb: &impl Testbed, ns: &str, name: &str) -> Result<()> {
     .await?;
     tracing::info!(
         pod = name,
+        attempt,
         "updated to make the kubelet retry its prepare now"
     );
     Ok(())
