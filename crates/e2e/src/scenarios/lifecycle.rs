@@ -269,10 +269,11 @@ pub async fn driver_crash(tb: &impl Testbed, ns: &str) -> Result<()> {
     // restarted driver, a pod still waiting is updated (an annotation), as
     // an operator would: an update makes the kubelet sync the pod at once,
     // and the prepare it retries must succeed. The update is repeated every
-    // few seconds while a pod still waits: a CI run saw s10 take 84 s after
-    // a single update, which the kubelet can sync before its DRA manager
-    // holds the new connection (that retry fails too, and the next one is
-    // again the periodic sync).
+    // few seconds while a pod still waits, as a precaution: an update the
+    // kubelet syncs before its DRA manager holds the new connection would
+    // fail its retry too and leave the pod to the periodic sync again (not
+    // seen so far; s10's slow CI runs are not explained by it, see
+    // docs/e2e.md).
     super::migration::registered_on(tb, "p5", DriverKind::Efa).await?;
     let nudging = Instant::now();
     for attempt in 1.. {
