@@ -31,7 +31,25 @@ struct Step {
     /// steps of one lane one after another, the lanes at the same time, each
     /// step's output prefixed with its name ([`lanes`]).
     lane: Option<String>,
+    /// Starts where it stands in the list and runs beside every step after
+    /// it (prefixed and logged like a lane's step); joined at the end. Only
+    /// for a step whose builds take no cargo build lock that the steps
+    /// beside it take (cargo holds one per target directory and profile).
+    background: bool,
+    /// Runs at a lower CPU priority (`nice -n` [`NICE`]): for checks that
+    /// only need to end before the e2e legs do, so that they take the cores
+    /// the legs and the image build leave idle rather than the legs' share.
+    nice: bool,
 }
+
+/// The niceness of [`Step::nice`] steps. Cargo's and rustc's processes
+/// inherit it. A nice-0 process weighs about nine times as much as one at
+/// 10. That matters most to the charts leg, whose drivers run as pods: the
+/// e2e clusters put every pod under `/aws-dra-e2e` (`crates/e2e/src/
+/// cgroups.rs`), and on this cgroup v1 host that group sits beside CI's own
+/// processes at the root of the `cpu` hierarchy and weighs as much as one
+/// nice-0 process there, however many pods it holds.
+const NICE: u32 = 10;
 
 fn step(name: &str, args: &[&str]) -> Step {
     Step {
@@ -40,6 +58,8 @@ fn step(name: &str, args: &[&str]) -> Step {
         args: args.iter().map(|a| a.to_string()).collect(),
         env: &[],
         lane: None,
+        background: false,
+        nice: false,
     }
 }
 
@@ -58,7 +78,7 @@ fn e2e_matrix() -> Vec<(u32, &'static str)> {
     legs
 }
 
-/// Seconds of each fuzz target in CI, one at a time beside the e2e legs
+/// Seconds of each fuzz target in CI, one at a time in the background
 /// (5 targets: 50 s of fuzzing, plus the build).
 const FUZZ_SMOKE_SECONDS: u64 = 10;
 
@@ -104,34 +124,48 @@ fn checks() -> Vec<Step> {
                 "structure",
             ],
         ),
-        // Every fuzz target built from scratch on a cold machine (needs a C++
-        // compiler for libFuzzer) and run from its seeds for a few seconds:
-        // catches a target that no longer builds and any crash its seeds
-        // or a short search reach. The long runs are `cargo xtask fuzz`.
-        step(
+    ];
+    steps
+        .into_iter()
+        .map(|s| Step {
+            lane: Some(CHECKS_LANE.to_string()),
+            nice: true,
+            ..s
+        })
+        .collect()
+}
+
+/// Every fuzz target built from scratch on a cold machine (needs a C++
+/// compiler for libFuzzer) and run from its seeds for a few seconds: catches
+/// a target that no longer builds and any crash its seeds or a short search
+/// reach. The long runs are `cargo xtask fuzz`. It runs in the background
+/// from the start, at a lower priority: its build has a target directory of
+/// its own (`<target>/fuzz`: it never waits for another step's build, nor
+/// makes one wait), so it fills the core that the Kubernetes build and the
+/// image build's last, serial crates leave idle, and is done before the e2e
+/// legs need the cores.
+fn fuzz_smoke() -> Step {
+    Step {
+        background: true,
+        nice: true,
+        ..step(
             "fuzz-smoke",
             &[
                 "xtask",
                 "fuzz",
                 "--time",
                 &FUZZ_SMOKE_SECONDS.to_string(),
-                // One core for the fuzzers, the other for the e2e legs.
+                // One target at a time: one core for the fuzzer, the other
+                // for the steps beside it.
                 "--parallel",
                 "1",
             ],
-        ),
-    ];
-    steps
-        .into_iter()
-        .map(|s| Step {
-            lane: Some(CHECKS_LANE.to_string()),
-            ..s
-        })
-        .collect()
+        )
+    }
 }
 
 fn steps() -> Vec<Step> {
-    let mut steps = vec![step("fmt", &["fmt", "--all", "--check"])];
+    let mut steps = vec![step("fmt", &["fmt", "--all", "--check"]), fuzz_smoke()];
     // Kubernetes (every CI release), etcd and containerd from their Go
     // modules (cached under ~/.cache/aws-dra; seconds when warm, ~10 minutes
     // a release cold on 2 cores).
@@ -223,10 +257,24 @@ pub fn run(args: CiArgs) -> Result<()> {
         }
     }
     let mut side_by_side_wall = Vec::new();
+    let mut background = Vec::new();
     let mut pending = steps().into_iter().peekable();
     while let Some(first) = pending.next() {
+        if first.background {
+            background.push(lanes::spawn_background(
+                first,
+                scratch.clone(),
+                work.clone(),
+                started,
+            ));
+            continue;
+        }
         let mut batch = vec![first];
-        while batch[0].lane.is_some() && pending.peek().is_some_and(|s| s.lane.is_some()) {
+        while batch[0].lane.is_some()
+            && pending
+                .peek()
+                .is_some_and(|s| s.lane.is_some() && !s.background)
+        {
             batch.extend(pending.next());
         }
         let t = Instant::now();
@@ -241,9 +289,18 @@ pub fn run(args: CiArgs) -> Result<()> {
         };
         let ok = outcomes.iter().all(|o| o.1);
         results.extend(outcomes);
-        if !ok && !args.keep_going {
+        // A background step that has already failed stops the run as a
+        // failed step would (its outcome is collected below).
+        let background_failed = background.iter().any(lanes::Background::failed);
+        if (!ok || background_failed) && !args.keep_going {
             break;
         }
+    }
+    let mut background_ends = Vec::new();
+    for b in background {
+        let (outcome, ended) = b.join()?;
+        background_ends.push((outcome.0.clone(), ended));
+        results.push(outcome);
     }
     let failed: Vec<&str> = results
         .iter()
@@ -276,6 +333,12 @@ pub fn run(args: CiArgs) -> Result<()> {
             wall.as_secs_f64()
         );
     }
+    for (name, ended) in background_ends {
+        eprintln!(
+            "ci: {name} ran in the background, beside the steps after it, and ended {:.0}s into the run",
+            ended.as_secs_f64()
+        );
+    }
     for line in e2e_summary(&work) {
         eprintln!("{line}");
     }
@@ -306,7 +369,28 @@ fn command_of(step: &Step, scratch: Option<&Path>) -> Command {
     if let Some(dir) = scratch {
         command.env("TMPDIR", dir);
     }
+    if step.nice {
+        command = niced(&command);
+    }
     command
+}
+
+/// `command` run through `nice -n` [`NICE`], with the same environment
+/// changes.
+fn niced(command: &Command) -> Command {
+    let mut niced = Command::new("nice");
+    niced
+        .arg("-n")
+        .arg(NICE.to_string())
+        .arg(command.get_program())
+        .args(command.get_args());
+    for (name, value) in command.get_envs() {
+        match value {
+            Some(value) => niced.env(name, value),
+            None => niced.env_remove(name),
+        };
+    }
+    niced
 }
 
 fn announce(step: &Step) {
@@ -414,20 +498,33 @@ mod tests {
             .collect();
         assert_eq!(
             checks,
-            [
-                "supply-chain",
-                "clippy",
-                "doc",
-                "test",
-                "e2e-unit",
-                "fuzz-smoke"
-            ]
+            ["supply-chain", "clippy", "doc", "test", "e2e-unit"]
         );
         let batch_end = first_leg + 3 + checks.len();
         assert!(steps[first_leg..batch_end].iter().all(|s| s.lane.is_some()));
         assert_eq!(names[batch_end], "charts");
         assert!(steps[..first_leg].iter().all(|s| s.lane.is_none()));
         assert_eq!(names[0], "fmt");
+        // The checks give way to the legs; the legs and the steps on the
+        // way to them run at normal priority.
+        for s in &steps {
+            assert_eq!(
+                s.nice,
+                s.lane.as_deref() == Some(CHECKS_LANE) || s.name == "fuzz-smoke",
+                "{}",
+                s.name
+            );
+        }
+        // The fuzz smoke run is the one background step: right after fmt,
+        // so it runs beside the Kubernetes and image builds.
+        let background: Vec<&str> = steps
+            .iter()
+            .filter(|s| s.background)
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(background, ["fuzz-smoke"]);
+        assert_eq!(names[1], "fuzz-smoke");
+        assert!(steps[1].lane.is_none());
         let prepare = steps
             .iter()
             .find(|s| s.name == format!("e2e-prepare-{main}"))

@@ -1,10 +1,11 @@
 //! Steps that run side by side in lanes: the steps of one lane one after
 //! another, the lanes at the same time. Each line a step prints goes to CI's
 //! output prefixed with `[step]` as it comes, and to `<work>/ci-<step>.log`
-//! whole.
+//! whole. A background step ([`spawn_background`]) is logged the same way
+//! and runs beside everything after it.
 //!
 //! The e2e legs are one lane each; the checks that need no cluster (clippy,
-//! doc, the unit tests, the fuzz smoke run) are one more lane beside them.
+//! doc, the unit tests) are one more lane beside them, at a lower priority.
 //! A leg is mostly waiting (for kubelets, the scheduler, timeouts: one leg
 //! alone keeps about a fifth of 2 cores busy), so the checks use the cores
 //! the legs leave idle instead of running before them.
@@ -69,6 +70,48 @@ pub(super) fn run(
         );
     }
     Ok((count, outcomes))
+}
+
+/// A step running in the background ([`Step::background`]).
+pub(super) struct Background {
+    thread: std::thread::JoinHandle<Result<(Outcome, Duration)>>,
+    done: Arc<Mutex<Option<bool>>>,
+}
+
+impl Background {
+    /// Whether the step has ended and failed (without waiting for it).
+    pub(super) fn failed(&self) -> bool {
+        self.done.lock().is_ok_and(|d| *d == Some(false))
+    }
+
+    /// Waits for the step: its outcome, and when it ended, counted from the
+    /// `run_started` given to [`spawn_background`].
+    pub(super) fn join(self) -> Result<(Outcome, Duration)> {
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("a background step's thread panicked"))?
+    }
+}
+
+/// Starts `step` on a thread of its own, prefixed and logged like a lane's
+/// step.
+pub(super) fn spawn_background(
+    step: Step,
+    scratch: Option<std::path::PathBuf>,
+    work: std::path::PathBuf,
+    run_started: Instant,
+) -> Background {
+    let done = Arc::new(Mutex::new(None));
+    let flag = Arc::clone(&done);
+    let thread = std::thread::spawn(move || {
+        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+        let result = run_logged(&step, scratch.as_deref(), &work);
+        if let Ok(mut d) = flag.lock() {
+            *d = Some(result.as_ref().is_ok_and(|o| o.1));
+        }
+        Ok((result?, run_started.elapsed()))
+    });
+    Background { thread, done }
 }
 
 /// One step with its output prefixed and logged; its result is announced
@@ -150,7 +193,77 @@ mod tests {
             args: vec!["-c".into(), script.into()],
             env: &[],
             lane: Some(lane.into()),
+            background: false,
+            nice: false,
         }
+    }
+
+    /// The niceness of a process started the way `step` is.
+    fn niceness_of(step: Step, work: &Path) -> i64 {
+        let (_, outcomes) = run(vec![step.clone_named("probe")], None, work, false).unwrap();
+        assert!(outcomes[0].1, "{outcomes:?}");
+        let log = std::fs::read_to_string(work.join("ci-probe.log")).unwrap();
+        log.trim().parse().unwrap()
+    }
+
+    impl Step {
+        fn clone_named(&self, name: &str) -> Step {
+            Step {
+                name: name.into(),
+                program: self.program,
+                args: self.args.clone(),
+                env: self.env,
+                lane: self.lane.clone(),
+                background: self.background,
+                nice: self.nice,
+            }
+        }
+    }
+
+    #[test]
+    fn a_nice_step_runs_at_lower_priority_with_its_environment() {
+        let work = tempfile::tempdir().unwrap();
+        // Field 19 of /proc/self/stat is the niceness (the command's name,
+        // field 2, has no spaces here).
+        let script = "test \"$CI_PROBE\" = set && cut -d' ' -f19 /proc/self/stat";
+        let plain = Step {
+            env: &[("CI_PROBE", "set")],
+            ..sh("probe", "probe", script)
+        };
+        let base = niceness_of(plain.clone_named("probe"), work.path());
+        let lower = niceness_of(
+            Step {
+                nice: true,
+                ..plain
+            },
+            work.path(),
+        );
+        // At most 19; a run that is already at 19 cannot go lower.
+        assert_eq!(lower, (base + i64::from(super::super::NICE)).min(19));
+        assert!(base == 19 || lower > base, "{base} {lower}");
+    }
+
+    #[test]
+    fn a_background_step_runs_beside_the_caller_and_reports_when_it_ended() {
+        let work = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let b = spawn_background(
+            sh("bg", "bg", "sleep 0.5; echo done; exit 4"),
+            None,
+            work.path().to_path_buf(),
+            started,
+        );
+        // Started, not waited for.
+        assert!(started.elapsed() < Duration::from_millis(400));
+        assert!(!b.failed(), "not ended yet");
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(b.failed(), "ended with status 4");
+        let ((name, ok, took), ended) = b.join().unwrap();
+        assert_eq!((name.as_str(), ok), ("bg", false));
+        assert!(took >= Duration::from_millis(500), "{took:?}");
+        assert!(ended >= took && ended < Duration::from_secs(5), "{ended:?}");
+        let log = std::fs::read_to_string(work.path().join("ci-bg.log")).unwrap();
+        assert_eq!(log, "done\n");
     }
 
     #[test]

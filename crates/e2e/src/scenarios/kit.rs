@@ -15,8 +15,12 @@ use serde_json::{Value, json};
 use crate::manifests;
 use crate::testbed::{DriverKind, Testbed};
 
+/// A wait at least this long is logged when it ends.
+const SLOW_WAIT: Duration = Duration::from_secs(5);
+
 /// Polls `f` every 250 ms until it yields a value or `timeout` passes; the
-/// error names `what` and the testbed's log locations.
+/// error names `what` and the testbed's log locations. A wait of
+/// 5 s or more is logged with its duration.
 pub async fn wait_for<T, F, Fut>(
     tb: &impl Testbed,
     what: &str,
@@ -31,7 +35,17 @@ where
     let mut last_err = None;
     loop {
         match f().await {
-            Ok(Some(v)) => return Ok(v),
+            Ok(Some(v)) => {
+                let waited = started.elapsed();
+                // The long waits say where a slow scenario's time went.
+                if waited >= SLOW_WAIT {
+                    eprintln!(
+                        "aws-dra-e2e: waited {:.1}s for {what}",
+                        waited.as_secs_f64()
+                    );
+                }
+                return Ok(v);
+            }
             Ok(None) => {}
             Err(e) => last_err = Some(e),
         }
