@@ -516,12 +516,12 @@ mod tests {
         );
     }
 
-    /// `--device-release-wait`: 10 s by default, 0 allowed (refuse at once).
+    /// `--device-release-wait`: 30 s by default, 0 allowed (refuse at once).
     #[test]
     fn device_release_wait_flag() {
         let r = run_of(parse(&["x", "--node-name", "n1"]).expect("parse"));
         let o = r.runtime_options(&[], Registry::new());
-        assert_eq!(o.device_release_wait, Duration::from_secs(10));
+        assert_eq!(o.device_release_wait, Duration::from_secs(30));
         for (arg, want) in [("0", 0), ("3", 3)] {
             let r = run_of(
                 parse(&["x", "--node-name", "n1", "--device-release-wait", arg]).expect("parse"),

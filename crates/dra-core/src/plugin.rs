@@ -38,9 +38,11 @@ use crate::state::{ClaimPipeline, PipelineError};
 
 /// Default of [`PluginOptions::device_release_wait`]: long enough for kubelet
 /// to stop a force-deleted pod's containers and unprepare its claim (about
-/// 2 s with kubelet's minimum grace), well under kubelet's timeout of a
-/// prepare call.
-pub const DEFAULT_DEVICE_RELEASE_WAIT: Duration = Duration::from_secs(10);
+/// 2 s with kubelet's minimum grace on an idle node; 11.4 s was seen on a
+/// loaded one, where 10 s, the earlier default, refused), and under
+/// kubelet's 45 s timeout of a prepare call with room for the prepare
+/// itself.
+pub const DEFAULT_DEVICE_RELEASE_WAIT: Duration = Duration::from_secs(30);
 
 /// Where and as what the plugin serves.
 #[derive(Debug, Clone)]
