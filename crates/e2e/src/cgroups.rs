@@ -43,10 +43,37 @@ pub fn tracking_hierarchy() -> Option<PathBuf> {
         .cloned()
 }
 
-/// Creates `relative` (e.g. `aws-dra-e2e/run/p5`) in every hierarchy.
+/// Creates `relative` (e.g. `aws-dra-e2e/run/p5`) in every hierarchy, and
+/// gives its top level ([`weigh_pods`]) the CPU weight of a node's pods.
 pub fn create_everywhere(relative: &str) -> Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     for hierarchy in hierarchies() {
         create_in(&hierarchy, relative)?;
+        if let Some(top) = relative.split('/').find(|p| !p.is_empty()) {
+            weigh_pods(&hierarchy.join(top), cpus)?;
+        }
+    }
+    Ok(())
+}
+
+/// Gives `dir` the CPU weight of `cpus` whole CPUs: `cpu.shares` 1024 per
+/// CPU (cgroup v1), or `cpu.weight` 100 per CPU (v2), where the file exists.
+///
+/// Every pod of every e2e cluster lives under the top level of the tree,
+/// and the control plane, kubelets and containerds run beside it at the
+/// root. Left at the default, the whole tree weighs as much as one of those
+/// processes, so when the clusters are busy the pods' containers starve:
+/// `runc` setting up a BestEffort pod's container runs in the pod's cgroup,
+/// and on CI (three clusters on 2 cores) starting one container took 16 to
+/// 20 s where it takes well under one. On a node, kubelet gives its pods'
+/// cgroup a weight after the node's allocatable CPUs, too.
+pub fn weigh_pods(dir: &Path, cpus: usize) -> Result<()> {
+    for (file, per_cpu, max) in [("cpu.shares", 1024, u64::MAX), ("cpu.weight", 100, 10_000)] {
+        let path = dir.join(file);
+        if path.exists() {
+            let value = (per_cpu * cpus as u64).min(max);
+            fs::write(&path, value.to_string()).map_err(io("writing", &path))?;
+        }
     }
     Ok(())
 }
@@ -130,5 +157,40 @@ fn remove_tree(dir: &Path, left: &mut Vec<PathBuf>) {
     }
     if fs::remove_dir(dir).is_err() {
         left.push(dir.to_path_buf());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_weigh_as_many_cpus_as_the_machine_has() {
+        let v1 = tempfile::tempdir().unwrap();
+        fs::write(v1.path().join("cpu.shares"), "1024").unwrap();
+        weigh_pods(v1.path(), 2).unwrap();
+        assert_eq!(
+            fs::read_to_string(v1.path().join("cpu.shares")).unwrap(),
+            "2048"
+        );
+
+        let v2 = tempfile::tempdir().unwrap();
+        fs::write(v2.path().join("cpu.weight"), "100").unwrap();
+        weigh_pods(v2.path(), 3).unwrap();
+        assert_eq!(
+            fs::read_to_string(v2.path().join("cpu.weight")).unwrap(),
+            "300"
+        );
+        // cgroup v2's ceiling.
+        weigh_pods(v2.path(), 512).unwrap();
+        assert_eq!(
+            fs::read_to_string(v2.path().join("cpu.weight")).unwrap(),
+            "10000"
+        );
+
+        // A hierarchy without a cpu controller: nothing is written.
+        let other = tempfile::tempdir().unwrap();
+        weigh_pods(other.path(), 2).unwrap();
+        assert_eq!(fs::read_dir(other.path()).unwrap().count(), 0);
     }
 }

@@ -169,6 +169,13 @@ pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration)
                 .and_then(|s| s.phase.clone())
                 .unwrap_or_default();
             if phase == "Running" {
+                let waited = started.elapsed();
+                if waited >= SLOW_WAIT {
+                    eprintln!(
+                        "aws-dra-e2e: waited {:.1}s for pod {ns}/{name} Running",
+                        waited.as_secs_f64()
+                    );
+                }
                 super::agreement::check_pod(tb, ns, name).await?;
                 return Ok(pod.clone());
             }
