@@ -256,12 +256,16 @@ mod tests {
         // Started, not waited for.
         assert!(started.elapsed() < Duration::from_millis(400));
         assert!(!b.failed(), "not ended yet");
-        std::thread::sleep(Duration::from_millis(1200));
-        assert!(b.failed(), "ended with status 4");
+        // Seen as failed once it has ended, without joining (polled: CI runs
+        // this test at a low priority on a busy machine).
+        while !b.failed() {
+            assert!(started.elapsed() < Duration::from_secs(20), "never ended");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let ((name, ok, took), ended) = b.join().unwrap();
         assert_eq!((name.as_str(), ok), ("bg", false));
         assert!(took >= Duration::from_millis(500), "{took:?}");
-        assert!(ended >= took && ended < Duration::from_secs(5), "{ended:?}");
+        assert!(ended >= took && ended <= started.elapsed(), "{ended:?}");
         let log = std::fs::read_to_string(work.path().join("ci-bg.log")).unwrap();
         assert_eq!(log, "done\n");
     }
