@@ -45,7 +45,7 @@ pub(crate) struct Processes {
     /// Host processes started for a node (drivers, publishers), by node.
     host: Vec<ManagedProcess>,
     /// Every pid we started, to prove none is left.
-    pub(crate) started_pids: BTreeSet<i32>,
+    pub(crate) started_pids: process::StartedPids,
     torn_down: bool,
 }
 
@@ -106,7 +106,7 @@ impl Inner {
             p.terminate(grace);
         }
         kill_cgroup(&self.cgroup);
-        let mut pids: BTreeSet<i32> = procs.started_pids.clone();
+        let mut pids: BTreeSet<i32> = procs.started_pids.alive();
         pids.extend(cgroups::pids_under(&self.cgroup));
         report.leftover_pids = pids
             .into_iter()
@@ -198,7 +198,7 @@ impl LocalCluster {
                 control_plane: Vec::new(),
                 nodes: Vec::new(),
                 host: Vec::new(),
-                started_pids: BTreeSet::new(),
+                started_pids: process::StartedPids::default(),
                 torn_down: false,
             }),
         });
@@ -513,7 +513,7 @@ impl LocalCluster {
             .inner
             .processes
             .lock()
-            .map(|p| p.started_pids.clone())
+            .map(|p| p.started_pids.alive())
             .unwrap_or_default();
         pids.extend(cgroups::pids_under(&self.inner.cgroup));
         // Pod processes live under the kubelets' cgroup roots, which are inside ours.

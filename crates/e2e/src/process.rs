@@ -161,6 +161,49 @@ pub fn pid_alive(pid: i32) -> bool {
         .is_some_and(|state| state != "Z" && state != "X")
 }
 
+/// When process `pid` started (field 22 of `/proc/<pid>/stat`, clock ticks
+/// since boot); `None` if there is no such process.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command start at field 3.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+}
+
+/// The processes a run started, each with its start time. Pids are reused:
+/// with `pid_max` at 32768 and three clusters and a build on one machine, a
+/// driver that a scenario restarted early in a run can see its pid handed to
+/// an unrelated process before teardown; only a live process with the same
+/// start time is still the one the run started.
+#[derive(Debug, Clone, Default)]
+pub struct StartedPids(BTreeMap<i32, Option<u64>>);
+
+impl StartedPids {
+    /// Records `pid` (call it right after the spawn).
+    pub fn insert(&mut self, pid: i32) {
+        self.0.insert(pid, start_time(pid));
+    }
+
+    /// Records each of `pids`.
+    pub fn extend(&mut self, pids: impl IntoIterator<Item = i32>) {
+        for pid in pids {
+            self.insert(pid);
+        }
+    }
+
+    /// The recorded processes that are still alive: same pid, same start
+    /// time, not a zombie.
+    pub fn alive(&self) -> std::collections::BTreeSet<i32> {
+        self.0
+            .iter()
+            .filter(|(pid, started)| {
+                started.is_some() && start_time(**pid) == **started && pid_alive(**pid)
+            })
+            .map(|(pid, _)| *pid)
+            .collect()
+    }
+}
+
 type Hook = Arc<dyn Fn() + Send + Sync>;
 
 fn registry() -> &'static Mutex<BTreeMap<u64, Hook>> {
@@ -283,6 +326,30 @@ mod tests {
             assert!(Instant::now() < deadline, "grandchild {child_pid} survived");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    #[test]
+    fn started_pids_are_alive_only_as_the_same_process() {
+        let mut child = Command::new("sleep").arg("300").spawn().unwrap();
+        let pid = child.id() as i32;
+        let mut started = StartedPids::default();
+        started.insert(pid);
+        assert!(start_time(pid).is_some());
+        assert_eq!(started.alive().into_iter().collect::<Vec<_>>(), [pid]);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(started.alive().is_empty(), "a reaped process is not alive");
+
+        // A live pid that started at another time is someone else's now.
+        let me = std::process::id() as i32;
+        let mine = start_time(me).unwrap();
+        let reused = StartedPids(BTreeMap::from([(me, Some(mine + 1))]));
+        assert!(reused.alive().is_empty());
+        let same = StartedPids(BTreeMap::from([(me, Some(mine))]));
+        assert_eq!(same.alive().into_iter().collect::<Vec<_>>(), [me]);
+        // Gone before it could be recorded: never counted.
+        let never = StartedPids(BTreeMap::from([(me, None)]));
+        assert!(never.alive().is_empty());
     }
 
     #[test]
