@@ -6,15 +6,17 @@
 //! old claim. The driver must neither hand the device to both claims nor
 //! refuse the new one outright (kubelet then backs off for about 84 s): it
 //! waits for the old claim's unprepare. The old pod's container has a 2 s
-//! `preStop` sleep, so that kubelet's unprepare surely comes after the new
-//! prepare: the race is what is tested, every time.
+//! `preStop` sleep, so that kubelet's unprepare usually comes after the new
+//! prepare; when it does not (kubelet cuts the hook short for a
+//! force-deleted pod, and a busy scheduler can be slower), the race is run
+//! again, up to [`ATTEMPTS`] times, until the driver has had to wait.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, anyhow, ensure};
+use anyhow::{Result, anyhow, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::DeleteParams;
@@ -130,22 +132,52 @@ fn pinned_pod(tb: &impl Testbed, name: &str, template: &str) -> Value {
     pod
 }
 
+/// How many times the force-delete race is run before giving up on seeing
+/// the driver wait. Kubelet stops a force-deleted pod's container within
+/// about 2 s (its minimum grace cuts the `preStop` short), while the new pod
+/// must be scheduled and admitted first: usually the new prepare comes
+/// first, but on a busy machine kubelet sometimes unprepares the old claim
+/// before it, and then there is nothing to wait for. Such an attempt still
+/// checks everything else, and the race is run again.
+const ATTEMPTS: usize = 3;
+
 /// Scenario 17: force-delete a pod, at once create one whose claim gets the
 /// same EFA on p5.
 pub async fn device_reuse(tb: &impl Testbed, ns: &str) -> Result<()> {
     let target = Target::efa(tb, "p5").await?;
     kit::apply_all(tb, ns, &[target.template("this-efa", false)]).await?;
-    kit::apply_all(tb, ns, &[pinned_pod(tb, "first", "this-efa")]).await?;
-    kit::running(tb, ns, "first", RUNNING).await?;
-    let old_claim = kit::pod_claims(tb, ns, "first")
+    for attempt in 1..=ATTEMPTS {
+        if reuse_once(tb, ns, &target, attempt).await? {
+            return Ok(());
+        }
+        eprintln!(
+            "s21: attempt {attempt}: kubelet unprepared the old claim before the new prepare came, so the driver had nothing to wait for; racing again"
+        );
+    }
+    bail!(
+        "in {ATTEMPTS} attempts kubelet always unprepared the old claim before the new prepare came: the driver's wait was never exercised"
+    )
+}
+
+/// One race: force-delete a pod holding the EFA and at once create another
+/// pod for it. Checks that the device is never prepared for two claims,
+/// that the new pod runs with it without a failed prepare, that it changed
+/// hands quickly and that no wait timed out. Returns whether the new prepare
+/// found the old claim still prepared and waited for it (the case this
+/// scenario is for).
+async fn reuse_once(tb: &impl Testbed, ns: &str, target: &Target, attempt: usize) -> Result<bool> {
+    let (first, second) = (format!("first-{attempt}"), format!("second-{attempt}"));
+    kit::apply_all(tb, ns, &[pinned_pod(tb, &first, "this-efa")]).await?;
+    kit::running(tb, ns, &first, RUNNING).await?;
+    let old_claim = kit::pod_claims(tb, ns, &first)
         .await?
         .pop()
-        .ok_or_else(|| anyhow!("first has no claim"))?;
+        .ok_or_else(|| anyhow!("{first} has no claim"))?;
     let old_uid = old_claim.metadata.uid.clone().unwrap_or_default();
     let devices = kit::allocation(&old_claim);
     ensure!(
         devices.len() == 1 && devices[0].device == target.device,
-        "first got {devices:?}, want {}",
+        "{first} got {devices:?}, want {}",
         target.device
     );
     let metrics_before = tb.driver_metrics("p5", DriverKind::Efa).await?;
@@ -157,12 +189,12 @@ pub async fn device_reuse(tb: &impl Testbed, ns: &str) -> Result<()> {
     let watcher = watch_checkpoint(tb, "p5", &old_uid, &target.device, &second_created, &stop);
     let reuse = async {
         let result = async {
-            pods.delete("first", &DeleteParams::default().grace_period(0))
+            pods.delete(&first, &DeleteParams::default().grace_period(0))
                 .await?;
             let created = Instant::now();
-            kit::apply_all(tb, ns, &[pinned_pod(tb, "second", "this-efa")]).await?;
+            kit::apply_all(tb, ns, &[pinned_pod(tb, &second, "this-efa")]).await?;
             let _ = second_created.set(Instant::now());
-            kit::running(tb, ns, "second", SECOND_POD_RUNNING).await?;
+            kit::running(tb, ns, &second, SECOND_POD_RUNNING).await?;
             Ok::<_, anyhow::Error>(created.elapsed())
         }
         .await;
@@ -173,7 +205,7 @@ pub async fn device_reuse(tb: &impl Testbed, ns: &str) -> Result<()> {
     let to_running = to_running?;
     let handoff = watched.handoff();
     eprintln!(
-        "s21: second pod Running {:.2} s after its creation; device handed over {} after the old claim's unprepare ({} checkpoint reads on p5)",
+        "s21: attempt {attempt}: second pod Running {:.2} s after its creation; device handed over {} after the old claim's unprepare ({} checkpoint reads on p5)",
         to_running.as_secs_f64(),
         handoff.map_or("(not seen)".to_string(), |d| format!(
             "{:.3} s",
@@ -187,13 +219,13 @@ pub async fn device_reuse(tb: &impl Testbed, ns: &str) -> Result<()> {
         "a device was prepared for two claims at once: {:?}",
         watched.double
     );
-    let second = kit::pod_devices(tb, ns, "second").await?;
+    let got = kit::pod_devices(tb, ns, &second).await?;
     ensure!(
-        second.iter().map(|d| &d.device).eq([&target.device]),
-        "second got {second:?}, want {}",
+        got.iter().map(|d| &d.device).eq([&target.device]),
+        "{second} got {got:?}, want {}",
         target.device
     );
-    let failed: Vec<_> = kit::events(tb, ns, "second")
+    let failed: Vec<_> = kit::events(tb, ns, &second)
         .await?
         .into_iter()
         .filter(|(reason, _)| reason == "FailedPrepareDynamicResources")
@@ -202,36 +234,36 @@ pub async fn device_reuse(tb: &impl Testbed, ns: &str) -> Result<()> {
         failed.is_empty(),
         "kubelet saw a failed prepare: {failed:?}"
     );
-    // The race really happened: the old claim was still prepared when the
-    // new pod came, and the driver waited for it rather than refusing.
-    ensure!(
-        watched.old_outlived_creation,
-        "the old claim was unprepared before the second pod was created: nothing was reused"
-    );
     let handoff = handoff.ok_or_else(|| {
         anyhow!(
             "the checkpoint never showed the old claim gone and then the new one holding {}",
             target.device
         )
     })?;
-    ensure!(
-        handoff <= HANDOFF,
-        "the driver prepared the new claim {:.3} s after the old claim's unprepare (bound {:?})",
-        handoff.as_secs_f64(),
-        HANDOFF
-    );
     let metrics_after = tb.driver_metrics("p5", DriverKind::Efa).await?;
     let released =
         release_waits(&metrics_after, "released") - release_waits(&metrics_before, "released");
     let timed_out =
         release_waits(&metrics_after, "timed_out") - release_waits(&metrics_before, "timed_out");
     ensure!(
-        released == 1 && timed_out == 0,
-        "release waits on p5: {released} released, {timed_out} timed out; want 1 and 0"
+        released <= 1 && timed_out == 0,
+        "release waits on p5: {released} released, {timed_out} timed out; want at most 1 and 0"
     );
-
-    kit::delete_pods(tb, ns, &["second"], GONE).await?;
-    Ok(())
+    // The race really happened: the old claim was still prepared when the
+    // new pod came, and the driver waited for it rather than refusing.
+    let waited = watched.old_outlived_creation && released == 1;
+    if waited {
+        // Only a waiting driver's handoff is its own doing; otherwise it is
+        // how long the new pod took to reach the kubelet.
+        ensure!(
+            handoff <= HANDOFF,
+            "the driver prepared the new claim {:.3} s after the old claim's unprepare (bound {:?})",
+            handoff.as_secs_f64(),
+            HANDOFF
+        );
+    }
+    kit::delete_pods(tb, ns, &[&second], GONE).await?;
+    Ok(waited)
 }
 
 #[cfg(test)]
