@@ -364,8 +364,34 @@ async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
             }
         }
         if started.elapsed() > SETTLE {
+            // What the undecided pods looked like, for the log reader.
+            let mut undecided = Vec::new();
+            for i in (0..EXPRESSIONS.len())
+                .filter(|i| !placed.contains_key(i) && !refused.contains_key(i))
+            {
+                let name = format!("cel-{i:02}");
+                let pod = kit::get_pod(tb, ns, &name).await.ok().flatten();
+                let node = pod
+                    .as_ref()
+                    .and_then(|p| p.spec.as_ref()?.node_name.clone());
+                let conditions = pod
+                    .as_ref()
+                    .and_then(|p| p.status.as_ref()?.conditions.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| format!("{}={} {}", c.type_, c.status, c.reason.unwrap_or_default()))
+                    .collect::<Vec<_>>();
+                let claims = kit::pod_claims(tb, ns, &name).await.map(|cs| {
+                    cs.iter()
+                        .map(|c| kit::allocation(c).len())
+                        .collect::<Vec<_>>()
+                });
+                undecided.push(format!(
+                    "{name}: node {node:?}, conditions {conditions:?}, allocated devices per claim {claims:?}"
+                ));
+            }
             bail!(
-                "after {SETTLE:?} the scheduler had decided {} of {} CEL pods; {}",
+                "after {SETTLE:?} the scheduler had decided {} of {} CEL pods; undecided: {undecided:?}; {}",
                 placed.len(),
                 compared,
                 tb.logs_hint()
