@@ -142,8 +142,8 @@ fn checks() -> Vec<Step> {
 /// from the start, at a lower priority: its build has a target directory of
 /// its own (`<target>/fuzz`: it never waits for another step's build, nor
 /// makes one wait), so it fills the core that the Kubernetes build and the
-/// image build's last, serial crates leave idle, and is done before the e2e
-/// legs need the cores.
+/// image build's last, serial crates leave idle, and ends early in the e2e
+/// legs (docs/e2e.md has the figures).
 fn fuzz_smoke() -> Step {
     Step {
         background: true,
