@@ -167,29 +167,21 @@ fn remove_tree(dir: &Path, left: &mut Vec<PathBuf>) {
 mod tests {
     use super::*;
 
+    /// `file` of a fresh directory holding `before`, after `weigh_pods`
+    /// with `cpus`.
+    fn weighed(file: &str, before: &str, cpus: usize) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(file), before).unwrap();
+        weigh_pods(dir.path(), cpus).unwrap();
+        fs::read_to_string(dir.path().join(file)).unwrap()
+    }
+
     #[test]
     fn pods_weigh_as_many_cpus_as_the_machine_has() {
-        let v1 = tempfile::tempdir().unwrap();
-        fs::write(v1.path().join("cpu.shares"), "1024").unwrap();
-        weigh_pods(v1.path(), 2).unwrap();
-        assert_eq!(
-            fs::read_to_string(v1.path().join("cpu.shares")).unwrap(),
-            "2048"
-        );
-
-        let v2 = tempfile::tempdir().unwrap();
-        fs::write(v2.path().join("cpu.weight"), "100").unwrap();
-        weigh_pods(v2.path(), 3).unwrap();
-        assert_eq!(
-            fs::read_to_string(v2.path().join("cpu.weight")).unwrap(),
-            "300"
-        );
+        assert_eq!(weighed("cpu.shares", "1024", 2), "2048");
+        assert_eq!(weighed("cpu.weight", "100", 3), "300");
         // cgroup v2's ceiling.
-        weigh_pods(v2.path(), 512).unwrap();
-        assert_eq!(
-            fs::read_to_string(v2.path().join("cpu.weight")).unwrap(),
-            "10000"
-        );
+        assert_eq!(weighed("cpu.weight", "300", 512), "10000");
 
         // A hierarchy without a cpu controller: nothing is written.
         let other = tempfile::tempdir().unwrap();

@@ -149,25 +149,36 @@ impl Drop for ManagedProcess {
     }
 }
 
+/// Fields 3 onwards of `/proc/<pid>/stat` (those after the parenthesised
+/// command, which may hold spaces); `None` if there is no such process.
+fn stat_fields(pid: i32) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// Whether fields 3 onwards of a stat line are a live process: field 3 is
+/// the state, and Z (zombie) or X (dead) is not.
+fn live(fields: &[String]) -> bool {
+    fields
+        .first()
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// Field 22, the start time (clock ticks since boot), from fields 3 onwards.
+fn started_at(fields: &[String]) -> Option<u64> {
+    fields.get(22 - 3)?.parse().ok()
+}
+
 /// True while a process with this pid exists (and is not a zombie we own).
 pub fn pid_alive(pid: i32) -> bool {
-    let stat = match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s,
-        Err(_) => return false,
-    };
-    // Field 3 (after the parenthesised command) is the state; Z is a zombie.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        .is_some_and(|state| state != "Z" && state != "X")
+    stat_fields(pid).is_some_and(|f| live(&f))
 }
 
 /// When process `pid` started (field 22 of `/proc/<pid>/stat`, clock ticks
 /// since boot); `None` if there is no such process.
 pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command start at field 3.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(22 - 3)?.parse().ok()
+    started_at(&stat_fields(pid)?)
 }
 
 /// The processes a run started, each with its start time. Pids are reused:
@@ -197,7 +208,9 @@ impl StartedPids {
         self.0
             .iter()
             .filter(|(pid, started)| {
-                started.is_some() && start_time(**pid) == **started && pid_alive(**pid)
+                // One read of the stat file: live, and started when recorded.
+                started.is_some()
+                    && stat_fields(**pid).is_some_and(|f| live(&f) && started_at(&f) == **started)
             })
             .map(|(pid, _)| *pid)
             .collect()

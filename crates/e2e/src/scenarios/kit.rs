@@ -18,6 +18,18 @@ use crate::testbed::{DriverKind, Testbed};
 /// A wait at least this long is logged when it ends.
 const SLOW_WAIT: Duration = Duration::from_secs(5);
 
+/// Logs a wait for `what` that began at `started` if it took [`SLOW_WAIT`]
+/// or more: the long waits say where a slow scenario's time went.
+fn log_if_slow(started: Instant, what: &str) {
+    let waited = started.elapsed();
+    if waited >= SLOW_WAIT {
+        eprintln!(
+            "aws-dra-e2e: waited {:.1}s for {what}",
+            waited.as_secs_f64()
+        );
+    }
+}
+
 /// Polls `f` every 250 ms until it yields a value or `timeout` passes; the
 /// error names `what` and the testbed's log locations. A wait of
 /// 5 s or more is logged with its duration.
@@ -36,14 +48,7 @@ where
     loop {
         match f().await {
             Ok(Some(v)) => {
-                let waited = started.elapsed();
-                // The long waits say where a slow scenario's time went.
-                if waited >= SLOW_WAIT {
-                    eprintln!(
-                        "aws-dra-e2e: waited {:.1}s for {what}",
-                        waited.as_secs_f64()
-                    );
-                }
+                log_if_slow(started, what);
                 return Ok(v);
             }
             Ok(None) => {}
@@ -169,13 +174,7 @@ pub async fn running(tb: &impl Testbed, ns: &str, name: &str, timeout: Duration)
                 .and_then(|s| s.phase.clone())
                 .unwrap_or_default();
             if phase == "Running" {
-                let waited = started.elapsed();
-                if waited >= SLOW_WAIT {
-                    eprintln!(
-                        "aws-dra-e2e: waited {:.1}s for pod {ns}/{name} Running",
-                        waited.as_secs_f64()
-                    );
-                }
+                log_if_slow(started, &format!("pod {ns}/{name} Running"));
                 super::agreement::check_pod(tb, ns, name).await?;
                 return Ok(pod.clone());
             }
