@@ -117,7 +117,7 @@ impl ManagedProcess {
     pub fn terminate(&mut self, grace: Duration) {
         if !self.is_running() {
             // The leader is gone, but helpers in its group may not be.
-            let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+            self.kill_group_of_reaped_leader();
             return;
         }
         self.signal_group(Signal::SIGTERM);
@@ -128,13 +128,30 @@ impl ManagedProcess {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        if self.is_running() {
+            let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        } else {
+            self.kill_group_of_reaped_leader();
+        }
         if self.exited.is_none()
             && let Ok(status) = self.child.wait()
         {
             self.exited = Some(status.to_string());
         }
         tracing::debug!(process = %self.name, pid = self.pid(), "stopped");
+    }
+
+    /// SIGKILL to the group of a leader already reaped. While a helper of
+    /// the group lives, the kernel keeps the leader's pid as the group id and
+    /// hands it to no new process; once none does, the pid is free and may
+    /// belong to an unrelated process, maybe the leader of its own group (a
+    /// container of another cluster, with pids wrapping on a busy machine).
+    /// So a process now holding the pid means the group is gone and the pid
+    /// is someone else's: no signal.
+    fn kill_group_of_reaped_leader(&self) {
+        if !Path::new(&format!("/proc/{}", self.pid())).exists() {
+            let _ = killpg(Pid::from_raw(self.pid()), Signal::SIGKILL);
+        }
     }
 
     /// SIGKILL to the group at once (a crash, for resilience tests), reaped.
@@ -337,6 +354,36 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         while pid_alive(child_pid) {
             assert!(Instant::now() < deadline, "grandchild {child_pid} survived");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_reaped_leaders_helpers_are_still_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("sh.log");
+        let mut cmd = Command::new("sh");
+        // The leader leaves a helper in its group and exits.
+        cmd.args(["-c", "sleep 300 & echo child=$!"]);
+        let mut p = ManagedProcess::spawn("sh", cmd, &log).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while p.is_running() {
+            assert!(Instant::now() < deadline, "the leader did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let text = fs::read_to_string(&log).unwrap();
+        let child: i32 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("child="))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(pid_alive(child));
+        p.terminate(Duration::from_secs(1));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pid_alive(child) {
+            assert!(Instant::now() < deadline, "helper {child} survived");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
