@@ -16,6 +16,8 @@
 //     fsync, rename, fsync of the directory), then the checkpoint is written
 //     the same way, before the answer: the durability our driver has.
 //   - Unprepare: the spec is removed and the checkpoint rewritten.
+//   - Each prepare logs one "prepare timings" line (timing.go), as our
+//     driver does, for the bench's split of kubelet's figure.
 //
 // It has no exclusivity guard, no health service and no device rescans: it is
 // the floor a minimal Go driver sets, not a product.
@@ -34,6 +36,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -96,6 +99,8 @@ func run(c config) error {
 	if err != nil {
 		return fmt.Errorf("kubeconfig: %w", err)
 	}
+	gets := &claimGets{}
+	restConfig.Wrap(gets.wrap)
 	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return fmt.Errorf("client: %w", err)
@@ -107,7 +112,7 @@ func run(c config) error {
 	if err := os.MkdirAll(c.cdiRoot, 0o755); err != nil {
 		return err
 	}
-	d := &driver{cfg: c, checkpointPath: filepath.Join(dataDir, "checkpoint.json"), prepared: map[types.UID]string{}}
+	d := &driver{cfg: c, checkpointPath: filepath.Join(dataDir, "checkpoint.json"), prepared: map[types.UID]string{}, gets: gets}
 	if err := d.loadCheckpoint(); err != nil {
 		return err
 	}
@@ -169,11 +174,20 @@ type driver struct {
 	mu             sync.Mutex
 	// claim UID -> CDI spec path: what unprepare must remove.
 	prepared map[types.UID]string
+	gets     *claimGets
 }
 
 var _ kubeletplugin.DRAPlugin = &driver{}
 
 func (d *driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	called := time.Now()
+	defer func() {
+		getStart, getEnd := d.gets.last()
+		klog.InfoS("prepare timings", "claims", len(claims),
+			"get_seconds", getEnd.Sub(getStart).Seconds(),
+			"work_seconds", time.Since(called).Seconds(),
+			"total_seconds", time.Since(getStart).Seconds())
+	}()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
@@ -197,7 +211,7 @@ func (d *driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 
 type efaNode struct {
 	request, pool, device string
-	uverbs, rdma         string
+	uverbs, rdma          string
 }
 
 func (d *driver) prepareClaim(claim *resourceapi.ResourceClaim) (kubeletplugin.PrepareResult, error) {

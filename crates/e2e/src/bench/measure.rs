@@ -2,7 +2,7 @@
 //! (kubelet's DRA gRPC histogram), `/proc` (memory, CPU time), the API
 //! server's audit log (requests per client), and summary statistics.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -131,34 +131,67 @@ pub struct AuditRequest {
     pub resource: String,
     /// `requestReceivedTimestamp`, seconds since the Unix epoch.
     pub received: f64,
+    /// `stageTimestamp` of its `ResponseComplete` event, when logged: the
+    /// response has been written. The API server stamps `received` before
+    /// authentication, so `completed - received` is the whole request as
+    /// the server saw it (authentication, authorization, storage, encoding).
+    pub completed: Option<f64>,
+}
+
+impl AuditRequest {
+    /// How long the API server spent on it, seconds.
+    pub fn server_seconds(&self) -> Option<f64> {
+        self.completed.map(|c| c - self.received)
+    }
 }
 
 /// Every request of an audit log (JSON lines), once each: a watch or a
 /// long request has several events (`ResponseStarted`, `ResponseComplete`).
 pub fn parse_audit_log(text: &str) -> Vec<AuditRequest> {
-    let mut seen = BTreeSet::new();
-    let mut out = Vec::new();
+    let mut at: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out: Vec<AuditRequest> = Vec::new();
     for line in text.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
         let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or_default();
         let id = s("/auditID").to_string();
-        if id.is_empty() || !seen.insert(id.clone()) {
+        let completed = (s("/stage") == "ResponseComplete")
+            .then(|| parse_rfc3339_utc(s("/stageTimestamp")))
+            .flatten();
+        if let Some(&i) = at.get(&id) {
+            out[i].completed = out[i].completed.or(completed);
             continue;
         }
         let Some(received) = parse_rfc3339_utc(s("/requestReceivedTimestamp")) else {
             continue;
         };
+        if id.is_empty() {
+            continue;
+        }
+        at.insert(id.clone(), out.len());
         out.push(AuditRequest {
             audit_id: id,
             verb: s("/verb").to_string(),
             user: s("/user/username").to_string(),
             resource: s("/objectRef/resource").to_string(),
             received,
+            completed,
         });
     }
     out
+}
+
+/// API server time (ms) of the claim GETs of `user` received in `[from, to)`.
+pub fn claim_get_server_ms(requests: &[AuditRequest], user: &str, from: f64, to: f64) -> Stats {
+    let ms: Vec<f64> = requests
+        .iter()
+        .filter(|r| r.user == user && r.verb == "get" && r.resource == "resourceclaims")
+        .filter(|r| r.received >= from && r.received < to)
+        .filter_map(|r| r.server_seconds())
+        .map(|s| s * 1e3)
+        .collect();
+    Stats::of(&ms)
 }
 
 /// Requests of one client, by kind.
@@ -326,5 +359,31 @@ dra_grpc_operations_duration_seconds_count{driver_name="a",grpc_status_code="OK"
         assert_eq!((c.watches, c.writes, c.reads), (1, 1, 0));
         assert_eq!(c.by_verb.get("create resourceslices"), Some(&1));
         assert_eq!(c.total(), 2);
+    }
+
+    #[test]
+    fn server_time_runs_from_received_to_response_complete() {
+        let log = [
+            r#"{"auditID":"1","stage":"ResponseStarted","verb":"watch","user":{"username":"u"},"objectRef":{"resource":"resourceclaims"},"requestReceivedTimestamp":"2026-12-01T06:00:01.000000Z","stageTimestamp":"2026-12-01T06:00:01.001000Z"}"#,
+            r#"{"auditID":"2","stage":"ResponseComplete","verb":"get","user":{"username":"u"},"objectRef":{"resource":"resourceclaims"},"requestReceivedTimestamp":"2026-12-01T06:00:02.000100Z","stageTimestamp":"2026-12-01T06:00:02.001600Z"}"#,
+            r#"{"auditID":"3","stage":"ResponseComplete","verb":"get","user":{"username":"u"},"objectRef":{"resource":"resourceclaims"},"requestReceivedTimestamp":"2026-12-01T06:00:03.000000Z","stageTimestamp":"2026-12-01T06:00:03.002500Z"}"#,
+            r#"{"auditID":"4","stage":"ResponseComplete","verb":"get","user":{"username":"v"},"objectRef":{"resource":"resourceclaims"},"requestReceivedTimestamp":"2026-12-01T06:00:03.000000Z","stageTimestamp":"2026-12-01T06:00:03.009000Z"}"#,
+            r#"{"auditID":"1","stage":"ResponseComplete","verb":"watch","user":{"username":"u"},"objectRef":{"resource":"resourceclaims"},"requestReceivedTimestamp":"2026-12-01T06:00:01.000000Z","stageTimestamp":"2026-12-01T06:01:01Z"}"#,
+        ]
+        .join("\n");
+        let requests = parse_audit_log(&log);
+        assert_eq!(requests.len(), 4);
+        // The watch's completion comes from its later event.
+        let watch = requests[0].server_seconds().unwrap();
+        assert!((watch - 60.0).abs() < 1e-6, "{watch}");
+        let t0 = parse_rfc3339_utc("2026-12-01T06:00:00Z").unwrap();
+        let gets = claim_get_server_ms(&requests, "u", t0, t0 + 10.0);
+        assert_eq!(gets.n, 2);
+        assert!((gets.mean - 2.0).abs() < 1e-3, "{gets:?}");
+        assert!((gets.min - 1.5).abs() < 1e-3, "{gets:?}");
+        assert_eq!(
+            claim_get_server_ms(&requests, "u", t0 + 2.5, t0 + 10.0).n,
+            1
+        );
     }
 }

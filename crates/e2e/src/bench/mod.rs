@@ -12,9 +12,11 @@
 //!   machine noise hits both alike): one pod with one one-device claim of the
 //!   driver's class ([`rounds`]); kubelet's own DRA gRPC histogram gives the
 //!   exact duration of each prepare and unprepare call; the pod watch gives
-//!   scheduled → running;
+//!   scheduled → running; the audit log gives the API server's time for
+//!   each claim GET the prepares made;
 //! - RSS and peak RSS (`VmHWM`) after the rounds, binary sizes.
 
+pub mod breakdown;
 pub mod fleet;
 mod fleet_report;
 pub mod measure;
@@ -36,7 +38,9 @@ use crate::error::{Error, Result};
 use crate::local::LocalTestbed;
 use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
 use crate::versions::KubernetesVersion;
-use measure::{Stats, count_requests, parse_audit_log, proc_memory_kib, unix_now};
+use measure::{
+    Stats, claim_get_server_ms, count_requests, parse_audit_log, proc_memory_kib, unix_now,
+};
 pub use report::{BenchReport, DriverFigures};
 
 /// The node both drivers run on.
@@ -68,6 +72,10 @@ struct Subject {
     user: String,
     pid: i32,
     start: Duration,
+    /// The driver's log and the marker of its per-prepare timing line
+    /// ([`breakdown`]).
+    log: PathBuf,
+    timing_marker: &'static str,
 }
 
 /// Runs the driver benchmark on a fresh local cluster (needs root and the
@@ -153,6 +161,8 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
             .driver_pid(NODE, efa)
             .ok_or_else(|| Error::Testbed("efa-driver has no pid".into()))?,
         start: ours_start,
+        log: node_log(&run_dir, efa.binary()),
+        timing_marker: "prepare call timings",
     };
 
     // The reference driver, cold, the same way.
@@ -190,6 +200,8 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         ),
         pid: process.pid(),
         start: ref_start,
+        log: node_log(&run_dir, refdriver::BINARY),
+        timing_marker: "\"prepare timings\"",
     };
     eprintln!(
         "bench: pools complete (ours {} ms, reference {} ms); idle for 2 s",
@@ -217,6 +229,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         .map(|s| count_requests(&audit, |u| u == s.user, from, to))
         .collect();
 
+    let rounds_from = unix_now();
     let mut all_rounds = Vec::new();
     for i in 0..options.rounds {
         let order = if i % 2 == 0 {
@@ -242,6 +255,15 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
     let after: Vec<(u64, u64)> = [&ours, &reference]
         .iter()
         .map(|s| proc_memory_kib(s.pid).unwrap_or_default())
+        .collect();
+    // The claim GETs of the rounds as the API server timed them: the part
+    // of a prepare no driver can make faster by its own code.
+    let rounds_to = unix_now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let audit = read_audit(&run_dir)?;
+    let claim_gets: Vec<Stats> = [&ours, &reference]
+        .iter()
+        .map(|s| claim_get_server_ms(&audit, &s.user, rounds_from, rounds_to))
         .collect();
     let figures = |i: usize, s: &Subject| {
         let mine: Vec<&rounds::Round> =
@@ -278,6 +300,8 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
             rss_after_kib: after[i].0,
             rss_peak_kib: after[i].1,
             steady_requests: steady[i].clone(),
+            claim_get_server_ms: claim_gets[i],
+            breakdown: prepare_breakdown(s, &mine),
         }
     };
     Ok(BenchReport {
@@ -292,6 +316,26 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         rounds_detail: all_rounds,
         run_dir: run_dir.display().to_string(),
     })
+}
+
+/// `<run_dir>/nodes/<NODE>/<binary>.log`: where a node's process logs.
+fn node_log(run_dir: &Path, binary: &str) -> PathBuf {
+    run_dir
+        .join("nodes")
+        .join(NODE)
+        .join(format!("{binary}.log"))
+}
+
+/// The driver's prepares split with its own timing lines; `None` when a
+/// round retried a call (calls and lines no longer pair) or the log lacks
+/// the lines (ours logs them at debug level only).
+fn prepare_breakdown(s: &Subject, rounds: &[&rounds::Round]) -> Option<breakdown::Breakdown> {
+    if rounds.iter().any(|r| r.prepare_calls != 1) {
+        return None;
+    }
+    let log = std::fs::read_to_string(&s.log).ok()?;
+    let kubelet: Vec<f64> = rounds.iter().map(|r| r.prepare_s).collect();
+    breakdown::split(&kubelet, &breakdown::timing_lines(&log, s.timing_marker))
 }
 
 fn file_size(path: &Path) -> u64 {

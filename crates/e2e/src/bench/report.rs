@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use super::breakdown::Breakdown;
 use super::measure::{RequestCounts, Stats};
 use super::rounds::Round;
 
@@ -27,6 +28,13 @@ pub struct DriverFigures {
     pub rss_peak_kib: u64,
     /// Requests of the driver's identity in the steady window.
     pub steady_requests: RequestCounts,
+    /// The API server's time for each claim GET of the rounds (audit log:
+    /// received → response complete), ms. Reports before this field: absent.
+    #[serde(default)]
+    pub claim_get_server_ms: Stats,
+    /// Kubelet's prepare figure split with the driver's own timing lines.
+    #[serde(default)]
+    pub breakdown: Option<Breakdown>,
 }
 
 /// The driver benchmark's output (`.e2e/bench-<version>.json`).
@@ -76,6 +84,30 @@ impl BenchReport {
             row(&format!("{name} mean"), a.mean, b.mean, "ms", 2);
             row(&format!("{name} p50"), a.p50, b.p50, "ms", 2);
             row(&format!("{name} p99"), a.p99, b.p99, "ms", 2);
+        }
+        let (a, b) = (&o.claim_get_server_ms, &r.claim_get_server_ms);
+        row("claim GET in the API server mean", a.mean, b.mean, "ms", 2);
+        row("claim GET in the API server p50", a.p50, b.p50, "ms", 2);
+        if let (Some(a), Some(b)) = (&o.breakdown, &r.breakdown) {
+            for (name, a, b) in [
+                (
+                    "prepare: claim GET (driver's client)",
+                    &a.claim_get_ms,
+                    &b.claim_get_ms,
+                ),
+                (
+                    "prepare: driver's work after the GET",
+                    &a.after_get_ms,
+                    &b.after_get_ms,
+                ),
+                (
+                    "prepare: kubelet minus driver (gRPC)",
+                    &a.outside_ms,
+                    &b.outside_ms,
+                ),
+            ] {
+                row(&format!("{name} mean"), a.mean, b.mean, "ms", 2);
+            }
         }
         let (a, b) = (&o.scheduled_to_running_ms, &r.scheduled_to_running_ms);
         row("pod scheduled -> running mean", a.mean, b.mean, "ms", 0);
