@@ -13,7 +13,8 @@
 //!   driver's class ([`rounds`]); kubelet's own DRA gRPC histogram gives the
 //!   exact duration of each prepare and unprepare call; the pod watch gives
 //!   scheduled → running; the audit log gives the API server's time for
-//!   each claim GET the prepares made;
+//!   each claim GET the prepares made; each driver's own timing line splits
+//!   kubelet's prepare figure ([`breakdown`]);
 //! - RSS and peak RSS (`VmHWM`) after the rounds, binary sizes.
 
 pub mod breakdown;
