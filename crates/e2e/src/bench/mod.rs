@@ -122,6 +122,12 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         .find(|n| n.name == NODE)
         .ok_or_else(|| Error::Testbed(format!("no node {NODE}")))?;
     let efa = DriverKind::Efa;
+    // Where the node's processes log (`<name>.log`), as the cluster names them.
+    let node_dir = testbed
+        .local_node(NODE)
+        .await
+        .ok_or_else(|| Error::Testbed(format!("no local node {NODE}")))?
+        .run_dir;
     let expected = efa.expected_devices(&node.fixture);
     let efa_binary = options.bin_dir.join(efa.binary());
     let (slices_file, ref_devices) = refdriver::discover_devices(
@@ -162,7 +168,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
             .driver_pid(NODE, efa)
             .ok_or_else(|| Error::Testbed("efa-driver has no pid".into()))?,
         start: ours_start,
-        log: node_log(&run_dir, efa.binary()),
+        log: node_dir.join(format!("{}.log", efa.binary())),
         timing_marker: "prepare call timings",
     };
 
@@ -201,7 +207,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         ),
         pid: process.pid(),
         start: ref_start,
-        log: node_log(&run_dir, refdriver::BINARY),
+        log: node_dir.join(format!("{}.log", refdriver::BINARY)),
         timing_marker: "\"prepare timings\"",
     };
     eprintln!(
@@ -317,14 +323,6 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         rounds_detail: all_rounds,
         run_dir: run_dir.display().to_string(),
     })
-}
-
-/// `<run_dir>/nodes/<NODE>/<binary>.log`: where a node's process logs.
-fn node_log(run_dir: &Path, binary: &str) -> PathBuf {
-    run_dir
-        .join("nodes")
-        .join(NODE)
-        .join(format!("{binary}.log"))
 }
 
 /// The driver's prepares split with its own timing lines; `None` when a
