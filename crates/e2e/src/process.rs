@@ -341,19 +341,38 @@ mod tests {
         let mut p = ManagedProcess::spawn("sh", cmd, &log).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         let child_pid = loop {
-            let text = fs::read_to_string(&log).unwrap();
-            if let Some(pid) = text.lines().find_map(|l| l.strip_prefix("child=")) {
-                break pid.trim().parse::<i32>().unwrap();
+            if let Some(pid) = logged_child(&log) {
+                break pid;
             }
-            assert!(Instant::now() < deadline, "no child pid in {text}");
+            assert!(
+                Instant::now() < deadline,
+                "no child pid in {}",
+                log.display()
+            );
             std::thread::sleep(Duration::from_millis(20));
         };
         assert!(pid_alive(child_pid));
         p.terminate(Duration::from_secs(2));
         assert!(!p.is_running());
+        wait_gone(child_pid, "grandchild");
+    }
+
+    /// The pid a test's `sh` wrote to its log as `child=<pid>`.
+    fn logged_child(log: &Path) -> Option<i32> {
+        fs::read_to_string(log)
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("child="))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Waits up to 5 s for `pid` to be gone; fails the test naming `what`.
+    fn wait_gone(pid: i32, what: &str) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        while pid_alive(child_pid) {
-            assert!(Instant::now() < deadline, "grandchild {child_pid} survived");
+        while pid_alive(pid) {
+            assert!(Instant::now() < deadline, "{what} {pid} survived");
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -371,21 +390,10 @@ mod tests {
             assert!(Instant::now() < deadline, "the leader did not exit");
             std::thread::sleep(Duration::from_millis(20));
         }
-        let text = fs::read_to_string(&log).unwrap();
-        let child: i32 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("child="))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let child = logged_child(&log).expect("the leader logged its helper's pid");
         assert!(pid_alive(child));
         p.terminate(Duration::from_secs(1));
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while pid_alive(child) {
-            assert!(Instant::now() < deadline, "helper {child} survived");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_gone(child, "helper");
     }
 
     #[test]
