@@ -10,7 +10,8 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 
-/// The longest [`KubeClaimSource::warm_up`] may hold up the start.
+/// How long [`KubeClaimSource::warm_up`] waits for the API server; after
+/// that the first prepare connects.
 const WARM_UP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A failed claim lookup (not "not found", which is `Ok(None)`).

@@ -151,11 +151,18 @@ pub async fn run<D: Driver>(
     let plugin_metrics = PluginMetrics::register(&registry)?;
     let publish_metrics = PublishMetrics::register(&registry)?;
 
-    // Its own client and connection, opened now (see KubeClaimSource::new).
+    // Its own client and connection (see KubeClaimSource::new), opened
+    // while the sockets are bound and the slices published: no prepare can
+    // come before kubelet registered the plugin and the scheduler saw the
+    // slices, so the start need not wait for a TLS handshake. A prepare
+    // that came first anyway would open a connection of its own.
     let claims = Arc::new(KubeClaimSource::new(
         kube_client(options.kubeconfig.as_deref()).await?,
     ));
-    claims.warm_up().await;
+    tokio::spawn({
+        let claims = Arc::clone(&claims);
+        async move { claims.warm_up().await }
+    });
     let plugin = KubeletPlugin::new(driver, claims, options.plugin_options(), plugin_metrics)
         .with_health(feeds.health)
         .start(shutdown.clone())
