@@ -333,12 +333,8 @@ mod tests {
 
     #[test]
     fn terminate_kills_the_whole_group() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("sh.log");
-        let mut cmd = Command::new("sh");
         // A background grandchild in the same group, then the leader waits.
-        cmd.args(["-c", "sleep 300 & echo child=$!; wait"]);
-        let mut p = ManagedProcess::spawn("sh", cmd, &log).unwrap();
+        let (_dir, log, mut p) = spawn_sh("sh", "sleep 300 & echo child=$!; wait");
         let deadline = Instant::now() + Duration::from_secs(5);
         let child_pid = loop {
             if let Some(pid) = logged_child(&log) {
@@ -355,6 +351,26 @@ mod tests {
         p.terminate(Duration::from_secs(2));
         assert!(!p.is_running());
         wait_gone(child_pid, "grandchild");
+    }
+
+    /// `sh -c script` as a managed process named `name`, logging to
+    /// `<name>.log` in a temp directory (kept while the returned guard is).
+    fn spawn_sh(name: &str, script: &str) -> (tempfile::TempDir, PathBuf, ManagedProcess) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join(format!("{name}.log"));
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        let p = ManagedProcess::spawn(name, cmd, &log).unwrap();
+        (dir, log, p)
+    }
+
+    /// Waits up to 5 s for the process to exit by itself.
+    fn wait_exited(p: &mut ManagedProcess, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while p.is_running() {
+            assert!(Instant::now() < deadline, "{what} did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The pid a test's `sh` wrote to its log as `child=<pid>`.
@@ -379,17 +395,9 @@ mod tests {
 
     #[test]
     fn a_reaped_leaders_helpers_are_still_killed() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("sh.log");
-        let mut cmd = Command::new("sh");
         // The leader leaves a helper in its group and exits.
-        cmd.args(["-c", "sleep 300 & echo child=$!"]);
-        let mut p = ManagedProcess::spawn("sh", cmd, &log).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while p.is_running() {
-            assert!(Instant::now() < deadline, "the leader did not exit");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (_dir, log, mut p) = spawn_sh("sh", "sleep 300 & echo child=$!");
+        wait_exited(&mut p, "the leader");
         let child = logged_child(&log).expect("the leader logged its helper's pid");
         assert!(pid_alive(child));
         p.terminate(Duration::from_secs(1));
@@ -422,19 +430,11 @@ mod tests {
 
     #[test]
     fn early_exit_names_the_log_and_says_why() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("false.log");
-        let mut cmd = Command::new("sh");
-        cmd.args([
-            "-c",
+        let (_dir, _log, mut p) = spawn_sh(
+            "false",
             "echo starting; echo 'listen tcp: bind: address already in use'; exit 1",
-        ]);
-        let mut p = ManagedProcess::spawn("false", cmd, &log).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while p.is_running() {
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        );
+        wait_exited(&mut p, "false");
         let err = p.check_running().unwrap_err().to_string();
         assert!(err.contains("false.log"), "{err}");
         assert!(err.contains("exit status: 1"), "{err}");
