@@ -156,6 +156,9 @@ pub fn parse_audit_log(text: &str) -> Vec<AuditRequest> {
         };
         let s = |p: &str| v.pointer(p).and_then(|x| x.as_str()).unwrap_or_default();
         let id = s("/auditID").to_string();
+        if id.is_empty() {
+            continue;
+        }
         let completed = (s("/stage") == "ResponseComplete")
             .then(|| parse_rfc3339_utc(s("/stageTimestamp")))
             .flatten();
@@ -166,9 +169,6 @@ pub fn parse_audit_log(text: &str) -> Vec<AuditRequest> {
         let Some(received) = parse_rfc3339_utc(s("/requestReceivedTimestamp")) else {
             continue;
         };
-        if id.is_empty() {
-            continue;
-        }
         at.insert(id.clone(), out.len());
         out.push(AuditRequest {
             audit_id: id,
