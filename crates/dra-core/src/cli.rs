@@ -180,6 +180,7 @@ impl<X: Args> RunCommand<X> {
             device_plugin_resources,
             metrics,
             device_release_wait: Duration::from_secs(self.run.device_release_wait),
+            managed_node_labels: &[],
         }
     }
 

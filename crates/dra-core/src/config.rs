@@ -25,10 +25,35 @@ pub trait DriverConfig: DeserializeOwned + Clone + fmt::Debug + Send + Sync + 's
     const API_VERSIONS: &'static [&'static str];
     /// The accepted `kind`, e.g. `"NeuronConfig"`.
     const KIND: &'static str;
+    /// Further kinds of the same API group that configure the same devices
+    /// (Neuron: `UltraServerConfig` beside `NeuronConfig`), each decoded by
+    /// [`DriverConfig::decode_other_kind`]. Default: none.
+    const OTHER_KINDS: &'static [&'static str] = &[];
 
     /// Range and cross-field checks after decoding.
     fn validate(&self) -> Result<(), InvalidValue> {
         Ok(())
+    }
+
+    /// Decodes `parameters` (the whole entry, `apiVersion` and `kind`
+    /// included) of `kind`, one of [`DriverConfig::OTHER_KINDS`], into a
+    /// config that holds only that kind's settings; typically
+    /// `decode_config::<ThatKind>(parameters).map(Into::into)`.
+    fn decode_other_kind(kind: &str, parameters: &serde_json::Value) -> Result<Self, ConfigError> {
+        let _ = parameters;
+        Err(ConfigError::Unsupported {
+            field: "kind",
+            found: format!("{kind:?}"),
+            accepted: quoted_list([Self::KIND]),
+        })
+    }
+
+    /// Combines the configs of different kinds that apply to one request,
+    /// `later` (the later entry) over `self`. Entries of one kind never
+    /// merge: the last one replaces the earlier ones whole. Default: `later`
+    /// (a driver with a single kind never sees two).
+    fn merge(self, later: Self) -> Self {
+        later
     }
 }
 
@@ -127,7 +152,7 @@ pub fn decode_config<C: DriverConfig>(parameters: &serde_json::Value) -> Result<
             });
         }
     }
-    let kinds = quoted_list([C::KIND]);
+    let kinds = quoted_list(std::iter::once(C::KIND).chain(C::OTHER_KINDS.iter().copied()));
     match object.remove("kind") {
         None => {
             return Err(ConfigError::Missing {
@@ -136,6 +161,9 @@ pub fn decode_config<C: DriverConfig>(parameters: &serde_json::Value) -> Result<
             });
         }
         Some(serde_json::Value::String(v)) if v == C::KIND => {}
+        Some(serde_json::Value::String(v)) if C::OTHER_KINDS.contains(&v.as_str()) => {
+            return C::decode_other_kind(&v, parameters);
+        }
         Some(other) => {
             return Err(ConfigError::Unsupported {
                 field: "kind",
@@ -176,9 +204,21 @@ pub fn decode_config<C: DriverConfig>(parameters: &serde_json::Value) -> Result<
     };
     let decoded: Result<C, _> =
         serde_path_to_error::deserialize(serde_ignored::Deserializer::new(&value, &mut record));
-    let config = decoded.map_err(|e| ConfigError::Decode {
-        field: e.path().to_string(),
-        message: e.into_inner().to_string(),
+    let config = decoded.map_err(|e| {
+        let field = e.path().to_string();
+        let message = e.into_inner().to_string();
+        // A required top-level field: serde names it in the message and
+        // the path is the root (`.`); name the field instead.
+        match message
+            .strip_prefix("missing field `")
+            .and_then(|m| m.strip_suffix('`'))
+        {
+            Some(missing) if field == "." => ConfigError::Decode {
+                field: missing.to_owned(),
+                message: "missing (required)".to_owned(),
+            },
+            _ => ConfigError::Decode { field, message },
+        }
     })?;
     if let Some(field) = ignored.into_iter().next() {
         return Err(ConfigError::UnknownField {
@@ -293,6 +333,9 @@ pub struct ConfigEntryError {
 #[derive(Debug, Clone)]
 pub struct ResolvedConfig<C> {
     requests: Vec<String>,
+    /// The entry's `kind`: entries of one kind replace each other, entries
+    /// of different kinds merge ([`DriverConfig::merge`]).
+    kind: String,
     config: C,
 }
 
@@ -320,10 +363,18 @@ pub fn decode_allocation_configs<C: DriverConfig>(
     ours.into_iter()
         .filter_map(|(source, index, entry)| {
             let opaque = entry.opaque.as_ref()?;
+            let kind = opaque
+                .parameters
+                .0
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .unwrap_or(C::KIND)
+                .to_owned();
             Some(
                 decode_config::<C>(&opaque.parameters.0)
                     .map(|config| ResolvedConfig {
                         requests: entry.requests.clone().unwrap_or_default(),
+                        kind,
                         config,
                     })
                     .map_err(|error| ConfigEntryError {
@@ -336,15 +387,29 @@ pub fn decode_allocation_configs<C: DriverConfig>(
         .collect()
 }
 
-/// The config for one allocation result: the last entry whose `requests`
-/// names the result's request (full `a/b` or base `a`) or is empty.
-pub fn config_for_request<C: Clone>(resolved: &[ResolvedConfig<C>], request: &str) -> Option<C> {
+/// The config for one allocation result: of each kind, the last entry whose
+/// `requests` names the result's request (full `a/b` or base `a`) or is
+/// empty; the kinds' configs merged in precedence order.
+pub fn config_for_request<C: DriverConfig>(
+    resolved: &[ResolvedConfig<C>],
+    request: &str,
+) -> Option<C> {
     let base = base_request(request);
-    resolved
+    let matching: Vec<&ResolvedConfig<C>> = resolved
         .iter()
-        .rev()
-        .find(|r| r.requests.is_empty() || r.requests.iter().any(|q| q == request || q == base))
-        .map(|r| r.config.clone())
+        .filter(|r| r.requests.is_empty() || r.requests.iter().any(|q| q == request || q == base))
+        .collect();
+    // Keep the last entry of each kind, in precedence order.
+    let last_of_kind = matching
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| !matching[i + 1..].iter().any(|later| later.kind == r.kind));
+    last_of_kind.fold(None, |merged: Option<C>, (_, r)| {
+        Some(match merged {
+            None => r.config.clone(),
+            Some(earlier) => earlier.merge(r.config.clone()),
+        })
+    })
 }
 
 /// `a/b` → `a`: kubelet wants the base request name.
@@ -505,5 +570,93 @@ mod tests {
     fn base_request_strips_subrequest() {
         assert_eq!(base_request("a/b"), "a");
         assert_eq!(base_request("a"), "a");
+    }
+
+    /// A config of two kinds: each kind's entries replace each other whole,
+    /// the kinds merge.
+    #[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct TwoKinds {
+        #[serde(default)]
+        speed: Option<u32>,
+        #[serde(skip)]
+        mode: Option<u32>,
+    }
+
+    #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+    struct ModeKind {
+        mode: u32,
+    }
+
+    impl DriverConfig for ModeKind {
+        const API_VERSIONS: &'static [&'static str] = &["test.example.com/v1"];
+        const KIND: &'static str = "ModeConfig";
+    }
+
+    impl DriverConfig for TwoKinds {
+        const API_VERSIONS: &'static [&'static str] = &["test.example.com/v1"];
+        const KIND: &'static str = "SpeedConfig";
+        const OTHER_KINDS: &'static [&'static str] = &["ModeConfig"];
+        fn decode_other_kind(_: &str, parameters: &serde_json::Value) -> Result<Self, ConfigError> {
+            let m = decode_config::<ModeKind>(parameters)?;
+            Ok(TwoKinds {
+                speed: None,
+                mode: Some(m.mode),
+            })
+        }
+        fn merge(self, later: Self) -> Self {
+            TwoKinds {
+                speed: later.speed.or(self.speed),
+                mode: later.mode.or(self.mode),
+            }
+        }
+    }
+
+    #[test]
+    fn kinds_merge_and_each_kind_replaces_itself() {
+        let entry = |source: &str, kind: &str, field: Option<(&str, u32)>| {
+            let mut p = serde_json::json!({"apiVersion": "test.example.com/v1", "kind": kind});
+            if let Some((f, v)) = field {
+                p[f] = serde_json::json!(v);
+            }
+            DeviceAllocationConfiguration {
+                source: source.into(),
+                requests: None,
+                opaque: Some(OpaqueDeviceConfiguration {
+                    driver: "ours".into(),
+                    parameters: RawExtension(p),
+                }),
+            }
+        };
+        let entries = vec![
+            entry("FromClass", "SpeedConfig", Some(("speed", 5))),
+            entry("FromClass", "ModeConfig", Some(("mode", 2))),
+            entry("FromClaim", "SpeedConfig", None),
+        ];
+        let resolved = decode_allocation_configs::<TwoKinds>("ours", &entries).unwrap();
+        assert_eq!(
+            config_for_request(&resolved, "r"),
+            Some(TwoKinds {
+                speed: None,
+                mode: Some(2)
+            }),
+            "the claim's SpeedConfig replaces the class's whole; the ModeConfig stays"
+        );
+        let err = decode_config::<TwoKinds>(
+            &serde_json::json!({"apiVersion": "test.example.com/v1", "kind": "Other"}),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "field `kind`: unsupported value \"Other\"; accepted values: \"SpeedConfig\", \"ModeConfig\""
+        );
+        let err = decode_config::<TwoKinds>(&serde_json::json!({"apiVersion": "test.example.com/v1", "kind": "ModeConfig", "mode": 1, "speed": 3}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "field `speed`: unknown field; accepted fields: apiVersion, kind, mode"
+        );
     }
 }

@@ -135,6 +135,16 @@ pub trait Driver: Send + Sync + 'static {
         devices: &[AllocatedDevice<Self::Config>],
     ) -> impl Future<Output = Result<Vec<DeviceEdits>, DriverError>> + Send;
 
+    /// The pieces of hardware `device` occupies, for the guard that keeps
+    /// one piece from being prepared for two claims at once: two devices
+    /// conflict when their lists share an entry. `device` is a name from a
+    /// claim's allocation, which may be one this driver published before an
+    /// upgrade renamed it, or a partition of another device. Default: the
+    /// name itself (every device its own piece).
+    fn occupies(&self, device: &str) -> Vec<String> {
+        vec![device.to_owned()]
+    }
+
     /// Undo `prepare` for a claim, working only from what was recorded then
     /// (the claim may be gone from the API server). `dra-core` removes the
     /// CDI spec itself; the default has nothing else to undo, which is right

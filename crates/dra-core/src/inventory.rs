@@ -14,6 +14,7 @@
 //! healthy, which is what every scan reports until the drivers read their
 //! health signals.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -179,6 +180,21 @@ pub trait DeviceInventory: Sized + Send + 'static {
     /// same update as the devices. Default: none.
     fn counter_sets(&self) -> Vec<CounterSet> {
         Vec::new()
+    }
+
+    /// Node label keys this driver manages on its own Node
+    /// ([`crate::node_labels`]): it sets those [`Self::node_labels`] returns
+    /// and removes the others. Default: none (the Node is never written).
+    const NODE_LABELS: &'static [&'static str] = &[];
+
+    /// The labels of the driver's Node as read at start-up, before the
+    /// first scan (`run` only: `discover` has no Node and never calls it).
+    fn set_node_labels(&mut self, _labels: &BTreeMap<String, String>) {}
+
+    /// The values of [`Self::NODE_LABELS`] the last scan calls for; a
+    /// managed key left out is removed from the Node. Default: none.
+    fn node_labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
     }
 }
 

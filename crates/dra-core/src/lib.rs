@@ -34,6 +34,7 @@ pub mod inventory;
 mod lock;
 pub mod metrics;
 pub mod node;
+pub mod node_labels;
 pub mod ops;
 pub mod plugin;
 pub mod proto;

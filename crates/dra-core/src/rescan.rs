@@ -162,6 +162,8 @@ pub enum RescanError<E: std::error::Error + 'static> {
 pub struct DeviceFeeds {
     pub devices: watch::Receiver<PoolContent>,
     pub health: watch::Receiver<Vec<DeviceHealthStatus>>,
+    /// The Node labels the last scan calls for ([`crate::node_labels`]).
+    pub node_labels: watch::Receiver<crate::node_labels::NodeLabels>,
 }
 
 /// Scans an inventory and sends what changed.
@@ -170,6 +172,7 @@ pub struct Rescanner<I> {
     pool: String,
     devices: watch::Sender<PoolContent>,
     health: watch::Sender<Vec<DeviceHealthStatus>>,
+    node_labels: watch::Sender<crate::node_labels::NodeLabels>,
     health_timeout: Option<Duration>,
     metrics: Option<RescanMetrics>,
     taints: Mutex<TaintBook>,
@@ -224,11 +227,13 @@ impl<I: DeviceInventory> Rescanner<I> {
     ) -> (Self, DeviceFeeds) {
         let (devices, devices_rx) = watch::channel(PoolContent::default());
         let (health, health_rx) = watch::channel(Vec::new());
+        let (node_labels, node_labels_rx) = watch::channel(Default::default());
         let rescanner = Rescanner {
             inventory: Arc::new(Mutex::new(inventory)),
             pool: id.pool.to_owned(),
             devices,
             health,
+            node_labels,
             health_timeout,
             metrics,
             taints: Mutex::new(TaintBook::new(id.driver)),
@@ -236,6 +241,7 @@ impl<I: DeviceInventory> Rescanner<I> {
         let feeds = DeviceFeeds {
             devices: devices_rx,
             health: health_rx,
+            node_labels: node_labels_rx,
         };
         (rescanner, feeds)
     }
@@ -257,12 +263,19 @@ impl<I: DeviceInventory> Rescanner<I> {
     pub async fn rescan(&self, trigger: Trigger) -> Result<bool, RescanError<I::Error>> {
         let started = Instant::now();
         let inventory = self.inventory.clone();
-        let (mut scanned, counter_sets) = tokio::task::spawn_blocking(move || {
+        let (mut scanned, counter_sets, node_labels) = tokio::task::spawn_blocking(move || {
             let mut inventory = inventory.lock().unwrap_or_else(|e| e.into_inner());
-            inventory.scan().map(|s| (s, inventory.counter_sets()))
+            inventory
+                .scan()
+                .map(|s| (s, inventory.counter_sets(), inventory.node_labels()))
         })
         .await?
         .map_err(RescanError::Scan)?;
+        self.node_labels.send_if_modified(|current| {
+            let changed = *current != node_labels;
+            *current = node_labels;
+            changed
+        });
         if let Some(m) = &self.metrics {
             m.rescans_total.with_label_values(&[trigger.label()]).inc();
             m.rescan_seconds.observe(started.elapsed().as_secs_f64());

@@ -99,12 +99,30 @@ pub(crate) struct ResolvedDevice<C> {
 /// as read from the API server, `None` when it is gone), in allocation
 /// order, each once; `prepared` is the checkpoint's claims by UID; `pool`
 /// is this node's pool (`None`: any).
+#[cfg(test)]
 pub(crate) fn resolve_claim<C: DriverConfig>(
     driver_name: &str,
     pool: Option<&str>,
     claim: &ClaimRef,
     object: Option<&ResourceClaim>,
     prepared: &BTreeMap<String, PreparedClaim>,
+) -> Result<Vec<ResolvedDevice<C>>, ResolveError> {
+    resolve_claim_with::<C>(driver_name, pool, claim, object, prepared, &|d| {
+        vec![d.to_owned()]
+    })
+}
+
+/// [`resolve_claim`] with the driver's [`crate::Driver::occupies`]: two
+/// devices conflict when they occupy a common piece of hardware (a chip and
+/// one of its cores; a device under its name of before an upgrade and
+/// under its current one).
+pub(crate) fn resolve_claim_with<C: DriverConfig>(
+    driver_name: &str,
+    pool: Option<&str>,
+    claim: &ClaimRef,
+    object: Option<&ResourceClaim>,
+    prepared: &BTreeMap<String, PreparedClaim>,
+    occupies: &dyn Fn(&str) -> Vec<String>,
 ) -> Result<Vec<ResolvedDevice<C>>, ResolveError> {
     let who = format!("{}/{}", claim.namespace, claim.name);
     let object = object.ok_or_else(|| ResolveError::NotFound { claim: who.clone() })?;
@@ -167,14 +185,17 @@ pub(crate) fn resolve_claim<C: DriverConfig>(
         source: Box::new(source),
     })?;
 
-    // Devices other claims hold exclusively (admin holds do not count).
-    let mut held: BTreeMap<(&str, &str), (&str, &PreparedClaim)> = BTreeMap::new();
+    // The hardware other claims hold exclusively (admin holds do not
+    // count), by pool and piece.
+    let mut held: BTreeMap<(&str, String), (&str, &PreparedClaim)> = BTreeMap::new();
     for (holder_uid, holder) in prepared {
         if *holder_uid == claim.uid {
             continue;
         }
         for d in holder.devices.iter().filter(|d| !d.admin_access) {
-            held.insert((&d.pool, &d.device), (holder_uid, holder));
+            for piece in occupies(&d.device) {
+                held.insert((&d.pool, piece), (holder_uid, holder));
+            }
         }
     }
 
@@ -183,8 +204,9 @@ pub(crate) fn resolve_claim<C: DriverConfig>(
     for result in &results {
         let admin_access = result.admin_access.unwrap_or(false);
         if !admin_access
-            && let Some((holder_uid, holder)) =
-                held.get(&(result.pool.as_str(), result.device.as_str()))
+            && let Some((holder_uid, holder)) = occupies(&result.device)
+                .into_iter()
+                .find_map(|piece| held.get(&(result.pool.as_str(), piece)))
         {
             return Err(ResolveError::DeviceHeld {
                 claim: who,
@@ -557,5 +579,49 @@ mod tests {
             outcome(Some(&object), &prepared),
             Ok(vec!["dev-1:a:-:-".to_owned()])
         );
+    }
+
+    /// The guard compares what devices occupy, not their names: a device
+    /// held under an old name, or a part of a held device, is held.
+    #[test]
+    fn devices_that_occupy_the_same_hardware_conflict() {
+        // `old-N` is `dev-N` under an earlier name; `dev-N/p` is a part of
+        // `dev-N`; `whole` is every device.
+        let occupies = |d: &str| -> Vec<String> {
+            if d == "whole" {
+                return vec!["1".into(), "2".into()];
+            }
+            let base = d.trim_start_matches("old-").trim_start_matches("dev-");
+            vec![base.split('/').next().unwrap_or(base).to_owned()]
+        };
+        let resolve = |device: &'static str, held: &'static str| {
+            let object = object(UID, &[("a", DRIVER, device, false)], &[]);
+            let prepared =
+                BTreeMap::from([("uid-other".to_owned(), holder("other", &[(held, false)]))]);
+            resolve_claim_with::<Lanes>(
+                DRIVER,
+                Some("node"),
+                &mine(),
+                Some(&object),
+                &prepared,
+                &occupies,
+            )
+            .map(|d| d.len())
+            .map_err(|e| e.to_string())
+        };
+        for (device, held) in [
+            ("dev-1", "old-1"),
+            ("old-1", "dev-1"),
+            ("dev-1/p", "dev-1"),
+            ("whole", "dev-2"),
+        ] {
+            let got = resolve(device, held);
+            assert!(
+                got.as_ref().is_err_and(|e| e.contains("ns/other")),
+                "{device} beside {held}: {got:?}"
+            );
+        }
+        assert_eq!(resolve("dev-1", "dev-2"), Ok(1));
+        assert_eq!(resolve("dev-1/p", "old-2"), Ok(1));
     }
 }

@@ -35,7 +35,7 @@ use crate::rescan::{
     PoolId, RescanError, RescanMetrics, Rescanner, Trigger, forward_kernel_uevents,
     scan_with_taints,
 };
-use crate::runtime::{RuntimeError, run};
+use crate::runtime::{RuntimeError, connect, run};
 
 /// Threads that run async work; scans and other blocking work get their
 /// own (tokio's blocking pool), so two are plenty for a node agent.
@@ -170,8 +170,19 @@ async fn serve<I: DeviceInventory>(
     let metrics = RescanMetrics::register(&registry, &program.metrics_prefix())?;
     let mut inventory =
         I::open(&cmd.common.host_paths(), &cmd.extra, &registry).map_err(RunnerError::Open)?;
+    let mut options = cmd.runtime_options(program.device_plugin_resources, registry);
+    options.managed_node_labels = I::NODE_LABELS;
+    // The Node first: the refusal to run beside the device plugin comes
+    // before anything is scanned, and the scan may use the Node's labels.
+    let cluster = connect(&options).await?;
+    inventory.set_node_labels(&cluster.node_labels());
     let support = if I::wants_api_probe(&cmd.extra) {
-        probe_api(&cmd).await
+        crate::api_probe::probe_partitionable_devices(
+            &cluster.client,
+            &cmd.common.driver_name,
+            &cmd.common.node_name,
+        )
+        .await
     } else {
         ApiSupport::unknown()
     };
@@ -201,29 +212,6 @@ async fn serve<I: DeviceInventory>(
     let (trigger_tx, trigger_rx) = mpsc::channel(1);
     forward_kernel_uevents(I::UEVENT_SUBSYSTEMS, trigger_tx);
     tokio::spawn(rescanner.run(trigger_rx, rescan));
-    let options = cmd.runtime_options(program.device_plugin_resources, registry);
-    run(driver, feeds, options).await?;
+    run(driver, feeds, options, cluster).await?;
     Ok(())
-}
-
-/// Asks the API server what it supports. A failure to ask is an answer too
-/// ("unknown"): the inventory then keeps to what every server accepts.
-async fn probe_api<F>(cmd: &RunCommand<F>) -> ApiSupport
-where
-    F: clap::Args + Clone + std::fmt::Debug + Send + Sync + 'static,
-{
-    match crate::cli::kube_client(cmd.run.kubeconfig.as_deref()).await {
-        Ok(client) => {
-            crate::api_probe::probe_partitionable_devices(
-                &client,
-                &cmd.common.driver_name,
-                &cmd.common.node_name,
-            )
-            .await
-        }
-        Err(error) => ApiSupport {
-            partitionable_devices: None,
-            reason: format!("no API client to ask with: {error}"),
-        },
-    }
 }

@@ -1,8 +1,9 @@
 //! One driver process: the kubelet plugin, the slice publisher and the
 //! `/metrics` + `/healthz` server, started together and stopped together.
 //!
-//! The order matters for operators: the Node is read first (owner reference,
-//! and the refusal to run beside the classic device plugin, which would hand
+//! The order matters for operators: the Node is read first ([`connect`],
+//! before the first scan: owner reference, the labels a scan may use, and
+//! the refusal to run beside the classic device plugin, which would hand
 //! the same device out twice); then the kubelet sockets are bound, so that a
 //! registration never points at a plugin that is not serving; then slices
 //! are published. SIGTERM or SIGINT cancels everything; the plugin removes
@@ -66,6 +67,41 @@ pub struct RuntimeOptions {
     /// How long a prepare waits for a held device's release (see
     /// [`PluginOptions::device_release_wait`]).
     pub device_release_wait: std::time::Duration,
+    /// Node label keys the driver manages ([`crate::node_labels`]); empty:
+    /// the Node is never written.
+    pub managed_node_labels: &'static [&'static str],
+}
+
+/// The API server connection and this node's Node as read at start-up.
+pub struct Cluster {
+    pub client: kube::Client,
+    pub node: Node,
+}
+
+impl Cluster {
+    /// The Node's labels.
+    pub fn node_labels(&self) -> std::collections::BTreeMap<String, String> {
+        self.node.metadata.labels.clone().unwrap_or_default()
+    }
+}
+
+/// Connects and reads the Node (retried with backoff), refusing to go on
+/// beside the classic device plugin of the same hardware.
+pub async fn connect(options: &RuntimeOptions) -> Result<Cluster, RuntimeError> {
+    let client = kube_client(options.kubeconfig.as_deref()).await?;
+    let node = get_node(
+        &client,
+        &options.node_name,
+        NODE_READ_ATTEMPTS,
+        BackoffConfig::default(),
+    )
+    .await?;
+    check_device_plugin_coexistence(
+        &node,
+        options.device_plugin_resources,
+        options.allow_device_plugin_coexistence,
+    )?;
+    Ok(Cluster { client, node })
 }
 
 impl RuntimeOptions {
@@ -125,23 +161,12 @@ pub async fn run<D: Driver>(
     driver: D,
     feeds: DeviceFeeds,
     options: RuntimeOptions,
+    cluster: Cluster,
 ) -> Result<(), RuntimeError> {
     let node_name = options.node_name.clone();
     let driver_name = options.driver_name.clone();
-    let client = kube_client(options.kubeconfig.as_deref()).await?;
-
-    let node = get_node(
-        &client,
-        &node_name,
-        NODE_READ_ATTEMPTS,
-        BackoffConfig::default(),
-    )
-    .await?;
-    check_device_plugin_coexistence(
-        &node,
-        options.device_plugin_resources,
-        options.allow_device_plugin_coexistence,
-    )?;
+    let node_labels_now = cluster.node_labels();
+    let Cluster { client, node } = cluster;
     let owner = node_owner(&node)?;
 
     let shutdown = CancellationToken::new();
@@ -203,11 +228,22 @@ pub async fn run<D: Driver>(
 
     let config = PublisherConfig::new(&driver_name, &node_name, Some(owner), publish_metrics)?;
     let publisher_task = tokio::spawn(publisher::run(
-        client,
+        client.clone(),
         config,
         feeds.devices,
         shutdown.clone().cancelled_owned(),
     ));
+
+    let labels_task = (!options.managed_node_labels.is_empty()).then(|| {
+        tokio::spawn(crate::node_labels::run(
+            client.clone(),
+            node_name.clone(),
+            options.managed_node_labels,
+            node_labels_now,
+            feeds.node_labels,
+            shutdown.clone(),
+        ))
+    });
 
     let result = plugin.wait().await;
     // The plugin only returns on shutdown or a fatal serving error; either
@@ -216,6 +252,9 @@ pub async fn run<D: Driver>(
     ready_task.abort();
     let _ = publisher_task.await;
     let _ = ops_task.await;
+    if let Some(task) = labels_task {
+        let _ = task.await;
+    }
     tracing::info!(driver = %driver_name, node = %node_name, "stopped");
     Ok(result?)
 }

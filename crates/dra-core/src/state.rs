@@ -36,7 +36,7 @@ use crate::claims::{ClaimSource, ClaimSourceError};
 use crate::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, PreparedDevice};
 use crate::lock::{DataDirLock, LockError};
 use crate::metrics::PluginMetrics;
-use crate::resolve::{ResolveError, resolve_claim};
+use crate::resolve::{ResolveError, resolve_claim_with};
 
 /// How often a prepare that waits for a device's release re-reads the
 /// checkpoint, for an unprepare made by another plugin instance (those of
@@ -261,12 +261,14 @@ impl<D: Driver> ClaimPipeline<D> {
                 "{e}; the API server must be reachable to prepare a claim"
             ))
         })?;
-        let resolved = resolve_claim::<D::Config>(
+        let occupies = |device: &str| self.driver.occupies(device);
+        let resolved = resolve_claim_with::<D::Config>(
             &self.driver_name,
             self.pool.as_deref(),
             claim,
             object.as_ref(),
             &checkpoint.claims,
+            &occupies,
         )
         .map_err(|e| match e {
             ResolveError::DeviceHeld { ref holder_uid, .. } => Refusal::Held {
