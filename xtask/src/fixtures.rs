@@ -17,6 +17,18 @@ pub struct FixturesArgs {
     /// Directory to write `<dir>/sys` and `<dir>/dev` into (created if missing).
     #[arg(required_unless_present = "list")]
     dir: Option<PathBuf>,
+    /// trn2u.48xlarge only: what the UltraServer files say: `member` (node
+    /// --ultraserver-node of an UltraServer), `busy` (the NeuronLink
+    /// election is running), `none` (the kernel's non-UltraServer values).
+    #[arg(long, value_parser = ["member", "busy", "none"], default_value = "member")]
+    ultraserver: String,
+    /// trn2u.48xlarge only: which of the UltraServer's 4 nodes (0-3).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..4))]
+    ultraserver_node: u32,
+    /// trn2u.48xlarge only: the supported modes as the kernel lists them
+    /// (1 = 4 nodes, 2/3 = 2 nodes, 4 = 1 node).
+    #[arg(long, default_value = "1,2,3,4")]
+    ultraserver_modes: String,
 }
 
 pub fn run(args: FixturesArgs) -> Result<()> {
@@ -35,12 +47,27 @@ pub fn run(args: FixturesArgs) -> Result<()> {
             dir.display()
         );
     }
-    let f = sysfs_fixtures::generate(&instance_type, &dir).with_context(|| {
-        format!(
-            "generating {instance_type} (known: {})",
-            sysfs_fixtures::instance_types().join(", ")
-        )
-    })?;
+    let f = if instance_type == "trn2u.48xlarge" {
+        use sysfs_fixtures::UltraServerSpec;
+        let state = match args.ultraserver.as_str() {
+            "busy" => UltraServerSpec::Busy,
+            "none" => UltraServerSpec::NotMember,
+            _ => UltraServerSpec::Member {
+                server: 0,
+                node: args.ultraserver_node,
+                modes: args.ultraserver_modes.leak(),
+            },
+        };
+        sysfs_fixtures::generate_spec(sysfs_fixtures::trn2u(state), &dir, None)
+            .context("generating trn2u.48xlarge")?
+    } else {
+        sysfs_fixtures::generate(&instance_type, &dir).with_context(|| {
+            format!(
+                "generating {instance_type} (known: {})",
+                sysfs_fixtures::instance_types().join(", ")
+            )
+        })?
+    };
     println!(
         "{}: {} GPUs, {} EFAs, {} Neuron chips, {} decoys; device nodes as {:?}",
         f.instance_type,

@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 
 pub use spec::{
     Bdf, ChipTopology, DeviceKind, INSTANCE_TYPES, InstanceSpec, NeuronSpec, Node, RootComplex,
-    spec,
+    UltraServerSpec, instance_type_of, spec, trn2u, ultraserver_ids,
 };
 pub use write::{NEURON_MAJOR, NVIDIA_MAJOR, RDMA_CM_DEV, UVERBS_MAJOR, UVERBS_MINOR_BASE};
 

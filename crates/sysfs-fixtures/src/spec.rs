@@ -22,6 +22,11 @@
 //!   chip 0 at `0000:cc:00.0` and chip 4 at `0000:6f:00.0` as on real hosts;
 //!   each chip shares a switch with its EFA; two chip/EFA pairs per root
 //!   complex; chips 0-3 and 12-15 NUMA 1, 4-11 NUMA 0.
+//! - trn2u.48xlarge: trn2.48xlarge hardware in a Trn2 UltraServer (4 nodes
+//!   joined by NeuronLink), with the kernel driver's UltraServer files;
+//!   the 4 nodes of one UltraServer, the election still running (`busy`)
+//!   and the non-UltraServer form are [`UltraServerSpec`]s ([`trn2u`]).
+//!   The ids are invented (16 hex digits, as the kernel prints them).
 //! - inf2.48xlarge: 12 Inferentia2 chips in a ring, no EFA, 3 chips per root
 //!   complex (`pci0000:10`, `20` NUMA 0; `90`, `a0` NUMA 1).
 //! - m5.8xlarge: no accelerator, no EFA, one NUMA node.
@@ -141,6 +146,89 @@ pub struct NeuronSpec {
     pub arch_type: &'static str,
     pub device_name: &'static str,
     pub instance_label: &'static str,
+    /// The class-level UltraServer files (`/sys/class/neuron_device/
+    /// {ultraserver_mode,server_id_2,server_id_4,node_id_2,node_id_4}`).
+    pub ultraserver: UltraServerSpec,
+}
+
+/// What the kernel driver's UltraServer files say. It writes them on every
+/// Neuron instance; real values only on UltraServer types (trn2u), decided
+/// from the DMI product name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UltraServerSpec {
+    /// No files (a kernel driver older than UltraServer support).
+    Absent,
+    /// Not an UltraServer: `node_id_N` = `-1`, `server_id_N` all zeros,
+    /// `ultraserver_mode` an empty line.
+    NotMember,
+    /// The NeuronLink election is running: `node_id_N` and
+    /// `ultraserver_mode` read `busy`, `server_id_N` all zeros.
+    Busy,
+    /// Node `node` (0-3) of UltraServer number `server` (which only makes
+    /// the ids differ between UltraServers), supporting `modes` (the
+    /// kernel's mode numbers, e.g. `1,2,3,4`). Nodes 0+1 and 2+3 form the
+    /// 2-node sets.
+    Member {
+        server: u32,
+        node: u32,
+        modes: &'static str,
+    },
+}
+
+impl UltraServerSpec {
+    /// `(ultraserver_mode, server_id_2, server_id_4, node_id_2, node_id_4)`
+    /// as the files hold them (without the newline).
+    pub fn files(&self) -> Option<[String; 5]> {
+        let zero = "0".repeat(16);
+        Some(match *self {
+            UltraServerSpec::Absent => return None,
+            UltraServerSpec::NotMember => {
+                [String::new(), zero.clone(), zero, "-1".into(), "-1".into()]
+            }
+            UltraServerSpec::Busy => [
+                "busy".into(),
+                zero.clone(),
+                zero,
+                "busy".into(),
+                "busy".into(),
+            ],
+            UltraServerSpec::Member {
+                server,
+                node,
+                modes,
+            } => {
+                let (id2, id4) = ultraserver_ids(server, node);
+                [
+                    modes.to_owned(),
+                    id2,
+                    id4,
+                    (node % 2).to_string(),
+                    node.to_string(),
+                ]
+            }
+        })
+    }
+}
+
+/// `(server_id_2, server_id_4)` of node `node` of UltraServer `server`:
+/// 16 hex digits, the 2-node set's id differing between nodes 0+1 and 2+3.
+pub fn ultraserver_ids(server: u32, node: u32) -> (String, String) {
+    let base = 0x5e7a_0000_0000_0000u64 + u64::from(server) * 0x100;
+    (
+        format!("{:016x}", base + 0x21 + u64::from(node / 2)),
+        format!("{:016x}", base + 0x40),
+    )
+}
+
+/// A trn2u.48xlarge node: the trn2.48xlarge hardware with the UltraServer
+/// files in `state`.
+pub fn trn2u(state: UltraServerSpec) -> InstanceSpec {
+    let mut spec = trn2();
+    spec.instance_type = "trn2u.48xlarge";
+    if let Some(neuron) = spec.neuron.as_mut() {
+        neuron.ultraserver = state;
+    }
+    spec
 }
 
 /// A compact description of one instance type.
@@ -161,12 +249,50 @@ pub const INSTANCE_TYPES: &[&str] = &[
     "trn1.32xlarge",
     "trn1n.32xlarge",
     "trn2.48xlarge",
+    "trn2u.48xlarge",
     "inf2.48xlarge",
     "m5.8xlarge",
 ];
 
-/// Looks up the description of an instance type.
+/// The instance type of a fixture name: a fixture of an UltraServer node is
+/// named `trn2u.48xlarge@<variant>` ([`spec`]); the part before `@`.
+pub fn instance_type_of(name: &str) -> &str {
+    name.split_once('@').map_or(name, |(t, _)| t)
+}
+
+/// The UltraServer state of a `trn2u.48xlarge@<variant>` fixture name:
+/// `node<N>` (node N of UltraServer 0, every mode), `node<N>-modes<M>`
+/// (with modes M, `_`-separated, e.g. `node3-modes1_2_3`), `busy`, `none`.
+fn ultraserver_variant(variant: &str) -> Option<UltraServerSpec> {
+    match variant {
+        "busy" => return Some(UltraServerSpec::Busy),
+        "none" => return Some(UltraServerSpec::NotMember),
+        _ => {}
+    }
+    let rest = variant.strip_prefix("node")?;
+    let (node, modes) = match rest.split_once("-modes") {
+        Some((node, modes)) => (node, modes.replace('_', ",")),
+        None => (rest, "1,2,3,4".to_owned()),
+    };
+    let node: u32 = node.parse().ok().filter(|n| *n < 4)?;
+    if modes.is_empty() || !modes.split(',').all(|m| matches!(m, "1" | "2" | "3" | "4")) {
+        return None;
+    }
+    Some(UltraServerSpec::Member {
+        server: 0,
+        node,
+        // A fixture lives as long as the process that describes it; a few
+        // bytes per distinct name.
+        modes: Box::leak(modes.into_boxed_str()),
+    })
+}
+
+/// Looks up the description of an instance type, or of a fixture name
+/// `trn2u.48xlarge@<variant>` (see [`instance_type_of`]).
 pub fn spec(instance_type: &str) -> Option<InstanceSpec> {
+    if let Some(("trn2u.48xlarge", variant)) = instance_type.split_once('@') {
+        return ultraserver_variant(variant).map(trn2u);
+    }
     Some(match instance_type {
         "p4d.24xlarge" => p4d(),
         "p5.48xlarge" => p5("p5.48xlarge", 0xefa1, 0x2330, 4),
@@ -174,6 +300,13 @@ pub fn spec(instance_type: &str) -> Option<InstanceSpec> {
         "trn1.32xlarge" => trn1("trn1.32xlarge", TRN1_EFA_SLOTS),
         "trn1n.32xlarge" => trn1("trn1n.32xlarge", TRN1N_EFA_SLOTS),
         "trn2.48xlarge" => trn2(),
+        // Node 0 of an UltraServer that supports every mode; other nodes
+        // and states: [`trn2u`].
+        "trn2u.48xlarge" => trn2u(UltraServerSpec::Member {
+            server: 0,
+            node: 0,
+            modes: "1,2,3,4",
+        }),
         "inf2.48xlarge" => inf2(),
         "m5.8xlarge" => m5(),
         _ => return None,
@@ -330,6 +463,7 @@ fn trn1(instance_type: &'static str, efa_slots: &[u8]) -> InstanceSpec {
             arch_type: "NCv2",
             device_name: "Trainium",
             instance_label: "trn1",
+            ultraserver: UltraServerSpec::NotMember,
         }),
     }
 }
@@ -389,6 +523,7 @@ fn trn2() -> InstanceSpec {
             arch_type: "NCv3",
             device_name: "Trainium2",
             instance_label: "trn2",
+            ultraserver: UltraServerSpec::NotMember,
         }),
     }
 }
@@ -424,6 +559,7 @@ fn inf2() -> InstanceSpec {
             arch_type: "NCv2",
             device_name: "Inferentia2",
             instance_label: "inf2",
+            ultraserver: UltraServerSpec::NotMember,
         }),
     }
 }

@@ -206,6 +206,24 @@ impl Writer<'_> {
         }
         if has(&|k| matches!(k, DeviceKind::Neuron { .. })) {
             modules.push(("neuron", NEURON_MODULE_VERSION));
+            // Class attributes sit in the class directory itself.
+            let files = self
+                .spec
+                .neuron
+                .as_ref()
+                .and_then(|n| n.ultraserver.files());
+            if let Some(values) = files {
+                let names = [
+                    "ultraserver_mode",
+                    "server_id_2",
+                    "server_id_4",
+                    "node_id_2",
+                    "node_id_4",
+                ];
+                for (name, value) in names.iter().zip(values) {
+                    self.write(format!("class/neuron_device/{name}"), &format!("{value}\n"))?;
+                }
+            }
         }
         if has(&|k| matches!(k, DeviceKind::NvidiaGpu { .. })) {
             modules.push(("nvidia", NVIDIA_MODULE_VERSION));

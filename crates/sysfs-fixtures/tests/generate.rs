@@ -189,3 +189,86 @@ fn every_description_is_a_possible_pci_tree_and_broken_ones_are_refused() {
         "{err}"
     );
 }
+
+/// The kernel driver's class-level UltraServer files, in each form, and the
+/// fixture names of the 4 nodes of one UltraServer.
+#[test]
+fn trn2u_ultraserver_files_in_every_form() {
+    let read = |fx: &sysfs_fixtures::Fixture, name: &str| {
+        std::fs::read_to_string(fx.sys.join("class/neuron_device").join(name)).unwrap()
+    };
+    let mut ids4 = std::collections::BTreeSet::new();
+    let mut ids2 = std::collections::BTreeSet::new();
+    for node in 0..4u32 {
+        let dir = tempfile::tempdir().unwrap();
+        let name = format!("trn2u.48xlarge@node{node}");
+        let fx = sysfs_fixtures::generate(&name, dir.path()).unwrap();
+        assert_eq!(fx.instance_type, "trn2u.48xlarge");
+        assert_eq!(sysfs_fixtures::instance_type_of(&name), "trn2u.48xlarge");
+        assert_eq!(
+            std::fs::read_to_string(fx.sys.join("devices/virtual/dmi/id/product_name")).unwrap(),
+            "trn2u.48xlarge\n"
+        );
+        assert_eq!(fx.neuron_chips.len(), 16);
+        assert_eq!(read(&fx, "ultraserver_mode"), "1,2,3,4\n");
+        assert_eq!(read(&fx, "node_id_4"), format!("{node}\n"));
+        assert_eq!(read(&fx, "node_id_2"), format!("{}\n", node % 2));
+        let id4 = read(&fx, "server_id_4");
+        let id2 = read(&fx, "server_id_2");
+        assert_eq!(id4.trim().len(), 16);
+        assert!(id4.trim().bytes().all(|b| b.is_ascii_hexdigit()));
+        ids4.insert(id4);
+        ids2.insert(id2);
+    }
+    assert_eq!(
+        (ids4.len(), ids2.len()),
+        (1, 2),
+        "one 4-node set, two 2-node sets"
+    );
+
+    let forms = [
+        (
+            "trn2u.48xlarge@busy",
+            [
+                "busy",
+                "0000000000000000",
+                "0000000000000000",
+                "busy",
+                "busy",
+            ],
+        ),
+        (
+            "trn2u.48xlarge@none",
+            ["", "0000000000000000", "0000000000000000", "-1", "-1"],
+        ),
+        (
+            "trn2.48xlarge",
+            ["", "0000000000000000", "0000000000000000", "-1", "-1"],
+        ),
+    ];
+    for (name, want) in forms {
+        let dir = tempfile::tempdir().unwrap();
+        let fx = sysfs_fixtures::generate(name, dir.path()).unwrap();
+        let files = [
+            "ultraserver_mode",
+            "server_id_2",
+            "server_id_4",
+            "node_id_2",
+            "node_id_4",
+        ];
+        for (file, value) in files.iter().zip(want) {
+            assert_eq!(read(&fx, file), format!("{value}\n"), "{name} {file}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fx = sysfs_fixtures::generate("trn2u.48xlarge@node3-modes1_2_3", dir.path()).unwrap();
+    assert_eq!(read(&fx, "ultraserver_mode"), "1,2,3\n");
+    for bad in [
+        "trn2u.48xlarge@node4",
+        "trn2u.48xlarge@node1-modes5",
+        "trn2u.48xlarge@x",
+        "trn2.48xlarge@node1",
+    ] {
+        assert!(sysfs_fixtures::generate(bad, dir.path()).is_err(), "{bad}");
+    }
+}
