@@ -8,6 +8,7 @@
 //!   `module/neuron/version` (kernel driver version);
 //! - `<dev-root>/neuronN` must exist: a chip whose device node is gone
 //!   cannot be handed to a container;
+//! - the class-level UltraServer files ([`crate::ultraserver`]);
 //! - the chip's PCI function through [`BdfSource`] (an ioctl on the device
 //!   node), then that function's sysfs entry for `pcieRoot` and NUMA node.
 //!
@@ -22,6 +23,7 @@ use topology::sysfs::{list_dir, parse_attr, read_attr};
 use topology::{InstanceType, NeuronGeneration, PciAddress, PciDevice, SysfsRoot};
 
 use crate::bdf::{BdfError, BdfSource};
+use crate::ultraserver::{self, UltraServer};
 
 /// The sysfs class of Neuron chips.
 pub const NEURON_CLASS: &str = "neuron_device";
@@ -105,6 +107,12 @@ pub struct NodeInventory {
     pub neuron_driver_version: Option<String>,
     /// By index, ascending.
     pub chips: Vec<NeuronChip>,
+    /// The node's place in a Trn2 UltraServer ([`crate::ultraserver`]).
+    pub ultraserver: UltraServer,
+    /// EC2 instance topology from the Node's
+    /// `topology.k8s.aws/network-node-layer-N` labels, as `(N, value)`;
+    /// empty in `discover` (no Node) and where the labels are absent.
+    pub network_node_layers: BTreeMap<u32, String>,
 }
 
 impl NodeInventory {
@@ -269,10 +277,17 @@ pub fn discover(
             chip.pci = Some(ChipPci { address, device });
         }
     }
+    let ultraserver = if chips.is_empty() {
+        UltraServer::None
+    } else {
+        ultraserver::read(&class)
+    };
     Ok(NodeInventory {
         instance_type,
         neuron_driver_version,
         chips,
+        ultraserver,
+        network_node_layers: BTreeMap::new(),
     })
 }
 

@@ -10,7 +10,8 @@
 //! - [`partitions`]: NeuronCores as partitions of their chip (`--partitions`);
 //! - [`prepare`]: [`prepare::NeuronDriver`], the `dra-core` driver;
 //! - [`inventory`]: the `dra-core` inventory (what a scan finds);
-//! - [`safety`]: the classic device plugin's resources.
+//! - [`safety`]: the classic device plugin's resources;
+//! - [`ultraserver`]: Trn2 UltraServer membership, node labels and runtime variables.
 
 pub mod attributes;
 pub mod bdf;
@@ -22,6 +23,7 @@ pub mod lnc;
 pub mod partitions;
 pub mod prepare;
 pub mod safety;
+pub mod ultraserver;
 
 /// Default `--driver-name`.
 pub const DRIVER_NAME: &str = "neuron.aws.com";

@@ -175,6 +175,7 @@ mod tests {
         assert_eq!(default_lnc(&t1), LogicalNeuronCore::One);
         let two = NeuronConfig {
             logical_neuron_core: Some(2),
+            ultraserver_mode: None,
         };
         assert_eq!(
             effective_lnc(&t1, Some(&two)).unwrap_err().to_string(),
@@ -182,6 +183,7 @@ mod tests {
         );
         let three = NeuronConfig {
             logical_neuron_core: Some(3),
+            ultraserver_mode: None,
         };
         assert_eq!(
             effective_lnc(&c, Some(&three)).unwrap_err().to_string(),

@@ -2,8 +2,8 @@
 //!
 //! Where the API server serves partitionable devices (`DRAPartitionableDevices`,
 //! beta and on from 1.36), each chip is published twice over: as its
-//! whole-chip device `neuron-device-N` and as one device per physical
-//! NeuronCore, `neuron-device-N-core-K`. All of them draw on the chip's
+//! whole-chip device `neurondeviceN` and as one device per physical
+//! NeuronCore, `neurondeviceN-core-K`. All of them draw on the chip's
 //! counter set (named like the chip device), which holds one counter per
 //! core (`core-K`, value 1):
 //! - a core device consumes its own core's counter;
@@ -28,7 +28,9 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::attributes::{chip_device, device_name, parse_device_name, parse_index};
+use crate::attributes::{
+    NODE_DEVICE_NAME, chip_device, device_name, node_device, parse_device_name, parse_index,
+};
 use crate::discovery::{NeuronChip, NodeInventory};
 use crate::lnc::supports_lnc2;
 
@@ -101,7 +103,7 @@ pub fn resolve(flag: PartitionsFlag, support: &ApiSupport) -> (PartitionMode, St
     }
 }
 
-/// `neuron-device-<chip>-core-<core>`.
+/// `neurondevice<chip>-core-<core>`.
 pub fn core_device_name(chip: u32, core: u32) -> String {
     format!("{}-core-{core}", device_name(chip))
 }
@@ -113,11 +115,19 @@ pub enum DeviceRef {
     Chip(u32),
     /// Core `core` (physical, within the chip) of chip `chip`.
     Core { chip: u32, core: u32 },
+    /// The whole-node device of an UltraServer node: every chip.
+    Node,
 }
 
-/// Parses `neuron-device-N` and `neuron-device-N-core-K`.
+/// Parses `neurondeviceN`, `neurondeviceN-core-K` and `neuronnode`, and the names of
+/// before the rename (`neuron-device-N`, `neuron-device-N-core-K`).
 pub fn parse_device_ref(name: &str) -> Option<DeviceRef> {
-    let rest = name.strip_prefix(crate::attributes::DEVICE_NAME_PREFIX)?;
+    if name == NODE_DEVICE_NAME {
+        return Some(DeviceRef::Node);
+    }
+    let rest = name
+        .strip_prefix(crate::attributes::DEVICE_NAME_PREFIX)
+        .or_else(|| name.strip_prefix(crate::attributes::LEGACY_DEVICE_NAME_PREFIX))?;
     match rest.split_once("-core-") {
         None => parse_device_name(name).map(DeviceRef::Chip),
         Some((chip, core)) => Some(DeviceRef::Core {
@@ -193,32 +203,127 @@ pub fn core_device(chip_dev: &Device, chip: &NeuronChip, core: u32) -> Device {
     }
 }
 
-/// Every device of the node in `mode`: whole chips, plus in
-/// [`PartitionMode::Cores`] each chip's cores, with the chips consuming all
-/// of their counters.
-pub fn devices(inventory: &NodeInventory, mode: PartitionMode) -> Vec<Device> {
+/// The counter set of the whole node on a Trn2 UltraServer node (named
+/// like the whole-node device): one counter per chip, `chip-N`, holding
+/// the chip's physical cores. The whole-node device consumes all of it; a
+/// chip consumes its own counter whole and a core one unit of it, so the
+/// whole node and any of its chips or cores are never allocated together.
+/// (One set for the node rather than the node device consuming every
+/// chip's set: a device may consume from a few counter sets only.)
+pub fn node_counter_set(inventory: &NodeInventory) -> CounterSet {
+    CounterSet {
+        name: NODE_DEVICE_NAME.to_owned(),
+        counters: inventory
+            .chips
+            .iter()
+            .map(|c| (chip_counter_name(c.index), cores_counter(c.core_count)))
+            .collect(),
+    }
+}
+
+fn chip_counter_name(chip: u32) -> String {
+    format!("chip-{chip}")
+}
+
+fn cores_counter(cores: u32) -> Counter {
+    Counter {
+        value: Quantity(cores.to_string()),
+    }
+}
+
+/// What is published besides the chips: cores ([`PartitionMode::Cores`])
+/// and the whole-node device (`whole_node`, on UltraServer nodes whose ids
+/// are known, where the API server keeps counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Layout {
+    pub mode: PartitionMode,
+    pub whole_node: bool,
+}
+
+/// A partition mode alone: the whole-node device wherever the node is an
+/// UltraServer member (what `discover` and a server with counters get).
+impl From<PartitionMode> for Layout {
+    fn from(mode: PartitionMode) -> Self {
+        Layout {
+            mode,
+            whole_node: true,
+        }
+    }
+}
+
+impl Layout {
+    /// Whether the whole-node device is published for `inventory`.
+    fn node_device(&self, inventory: &NodeInventory) -> Option<Device> {
+        if self.whole_node {
+            node_device(inventory)
+        } else {
+            None
+        }
+    }
+}
+
+/// Every device of the node: whole chips, plus in [`PartitionMode::Cores`]
+/// each chip's cores, with the chips consuming all of their counters, plus
+/// the whole-node device of an UltraServer node.
+pub fn devices(inventory: &NodeInventory, layout: impl Into<Layout>) -> Vec<Device> {
+    let layout = layout.into();
     let torus = inventory.is_torus_4x4();
+    let node = layout.node_device(inventory);
+    let node_share = |chip: u32, cores: u32| DeviceCounterConsumption {
+        counter_set: NODE_DEVICE_NAME.to_owned(),
+        counters: [(chip_counter_name(chip), cores_counter(cores))]
+            .into_iter()
+            .collect(),
+    };
     let mut out = Vec::new();
     for chip in &inventory.chips {
         let mut chip_dev = chip_device(inventory, chip, torus);
-        if mode == PartitionMode::Cores {
-            out.extend((0..chip.core_count).map(|k| core_device(&chip_dev, chip, k)));
-            chip_dev.consumes_counters = Some(vec![DeviceCounterConsumption {
+        let mut chip_consumes = Vec::new();
+        if layout.mode == PartitionMode::Cores {
+            for k in 0..chip.core_count {
+                let mut core = core_device(&chip_dev, chip, k);
+                if node.is_some()
+                    && let Some(consumes) = core.consumes_counters.as_mut()
+                {
+                    consumes.push(node_share(chip.index, 1));
+                }
+                out.push(core);
+            }
+            chip_consumes.push(DeviceCounterConsumption {
                 counter_set: counter_set_name(chip.index),
                 counters: counter_set(chip).counters,
-            }]);
+            });
+        }
+        if node.is_some() {
+            chip_consumes.push(node_share(chip.index, chip.core_count));
+        }
+        if !chip_consumes.is_empty() {
+            chip_dev.consumes_counters = Some(chip_consumes);
         }
         out.push(chip_dev);
+    }
+    if let Some(mut node) = node {
+        let set = node_counter_set(inventory);
+        node.consumes_counters = Some(vec![DeviceCounterConsumption {
+            counter_set: set.name,
+            counters: set.counters,
+        }]);
+        out.push(node);
     }
     out
 }
 
-/// The counter sets of the node in `mode` (none for whole chips only).
-pub fn counter_sets(inventory: &NodeInventory, mode: PartitionMode) -> Vec<CounterSet> {
-    match mode {
+/// The counter sets the devices of `layout` consume.
+pub fn counter_sets(inventory: &NodeInventory, layout: impl Into<Layout>) -> Vec<CounterSet> {
+    let layout = layout.into();
+    let mut sets: Vec<CounterSet> = match layout.mode {
         PartitionMode::Chips => Vec::new(),
         PartitionMode::Cores => inventory.chips.iter().map(counter_set).collect(),
+    };
+    if layout.node_device(inventory).is_some() {
+        sets.push(node_counter_set(inventory));
     }
+    sets
 }
 
 #[cfg(test)]
@@ -227,7 +332,13 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        assert_eq!(core_device_name(15, 7), "neuron-device-15-core-7");
+        assert_eq!(core_device_name(15, 7), "neurondevice15-core-7");
+        assert_eq!(parse_device_ref("neurondevice3"), Some(DeviceRef::Chip(3)));
+        assert_eq!(
+            parse_device_ref("neurondevice15-core-7"),
+            Some(DeviceRef::Core { chip: 15, core: 7 })
+        );
+        // Before the rename.
         assert_eq!(
             parse_device_ref("neuron-device-3"),
             Some(DeviceRef::Chip(3))
@@ -237,6 +348,10 @@ mod tests {
             Some(DeviceRef::Core { chip: 15, core: 7 })
         );
         for bad in [
+            "neurondevice",
+            "neurondevice1-core-",
+            "neurondevice01-core-1",
+            "neurondevice-1",
             "neuron-device-",
             "neuron-device-1-core-",
             "neuron-device-1-core-07",

@@ -107,7 +107,7 @@ fn scan(fixture: &Fixture) -> NodeInventory {
 
 /// The published name of chip `i`.
 fn chip(i: u32) -> String {
-    format!("neuron-device-{i}")
+    format!("neurondevice{i}")
 }
 
 /// An opaque config entry of a claim.
@@ -334,7 +334,7 @@ async fn config_wrong_api_version() {
     assert_eq!(
         got,
         format!(
-            "{PREFIX}field `apiVersion`: unsupported value \"neuron.aws.com/v1beta1\"; accepted values: \"neuron.aws.com/v1\""
+            "{PREFIX}field `apiVersion`: unsupported value \"neuron.aws.com/v1beta1\"; accepted values: \"neuron.aws.com/v1\", \"neuron.aws.com/v1alphav1\", \"resource.neuron.aws.com/v1alphav1\""
         )
     );
 }
@@ -346,7 +346,7 @@ async fn config_wrong_kind() {
     assert_eq!(
         got,
         format!(
-            "{PREFIX}field `kind`: unsupported value \"NeuronSettings\"; accepted values: \"NeuronConfig\""
+            "{PREFIX}field `kind`: unsupported value \"NeuronSettings\"; accepted values: \"NeuronConfig\", \"UltraServerConfig\""
         )
     );
 }
@@ -356,7 +356,9 @@ async fn config_missing_api_version() {
     let got = with_config(json!({"kind": "NeuronConfig"})).await;
     assert_eq!(
         got,
-        format!("{PREFIX}field `apiVersion`: missing; accepted values: \"neuron.aws.com/v1\"")
+        format!(
+            "{PREFIX}field `apiVersion`: missing; accepted values: \"neuron.aws.com/v1\", \"neuron.aws.com/v1alphav1\", \"resource.neuron.aws.com/v1alphav1\""
+        )
     );
 }
 
@@ -367,7 +369,7 @@ async fn config_of_another_driver_under_this_driver() {
     assert_eq!(
         got,
         format!(
-            "{PREFIX}field `apiVersion`: \"efa.networking.k8s.aws/v1\" is not an apiVersion of this driver (accepted values: \"neuron.aws.com/v1\"); a config meant for another driver must name that driver in `opaque.driver`"
+            "{PREFIX}field `apiVersion`: \"efa.networking.k8s.aws/v1\" is not an apiVersion of this driver (accepted values: \"neuron.aws.com/v1\", \"neuron.aws.com/v1alphav1\", \"resource.neuron.aws.com/v1alphav1\"); a config meant for another driver must name that driver in `opaque.driver`"
         )
     );
 }
@@ -392,7 +394,7 @@ async fn device_not_in_the_inventory() {
     assert_eq!(
         refused(&node, bad).await,
         format!(
-            "{FAILED}chip 99 (neuron-device-99) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
+            "{FAILED}chip 99 (neurondevice99) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
         )
     );
 }
@@ -404,7 +406,7 @@ async fn device_name_of_another_driver() {
     assert_eq!(
         refused(&node, bad).await,
         format!(
-            "{FAILED}device \"efa-0000-10-1c-0\" is not a Neuron chip or core of this driver (expected neuron-device-<index> or neuron-device-<index>-core-<core>)"
+            "{FAILED}device \"efa-0000-10-1c-0\" is not a Neuron chip or core of this driver (expected neurondevice<index>, neurondevice<index>-core-<core> or neuronnode)"
         )
     );
 }
@@ -424,7 +426,7 @@ async fn device_vanished_between_allocation_and_prepare() {
     assert_eq!(
         refused(&node, bad).await,
         format!(
-            "{FAILED}chip 5 (neuron-device-5) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
+            "{FAILED}chip 5 (neurondevice5) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
         )
     );
     // The chip allocated beside the vanished one was not half-prepared.
@@ -460,7 +462,7 @@ async fn results_in_another_pool() {
     );
     assert_eq!(
         refused(&node, bad).await,
-        "ResourceClaim ml/chips: device neuron-device-2 of request chips is in pool node-b, but this node's pool is node-a: the claim was allocated devices of another node; delete the pod so that it is scheduled where its devices are"
+        "ResourceClaim ml/chips: device neurondevice2 of request chips is in pool node-b, but this node's pool is node-a: the claim was allocated devices of another node; delete the pod so that it is scheduled where its devices are"
     );
 }
 
@@ -477,7 +479,7 @@ async fn oversized_claim_more_chips_than_the_node_has() {
     assert_eq!(
         refused(&node, bad).await,
         format!(
-            "{FAILED}chip 12 (neuron-device-12) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
+            "{FAILED}chip 12 (neurondevice12) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
         )
     );
 }

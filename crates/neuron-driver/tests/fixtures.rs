@@ -102,7 +102,7 @@ fn every_attribute_on_every_neuron_fixture() {
         assert_eq!(devs.len(), fx.neuron_chips.len(), "{instance}");
         for (chip, d) in fx.neuron_chips.iter().zip(&devs) {
             let ctx = format!("{instance} chip {}", chip.index);
-            assert_eq!(d.name, format!("neuron-device-{}", chip.index), "{ctx}");
+            assert_eq!(d.name, format!("neurondevice{}", chip.index), "{ctx}");
             assert_eq!(i(d, "deviceId"), Some(chip.index.into()), "{ctx}");
             assert_eq!(s(d, "instanceType"), Some(instance), "{ctx}");
             assert_eq!(s(d, "neuronDriverVersion"), Some(version.trim()), "{ctx}");
@@ -122,6 +122,13 @@ fn every_attribute_on_every_neuron_fixture() {
                 (None, None)
             };
             assert_eq!((i(d, "topology_x"), i(d, "topology_y")), (x, y), "{ctx}");
+            // AWS's names for the row (group of 4) and the pair of rows.
+            assert_eq!(i(d, "topology4_id"), x, "{ctx}");
+            assert_eq!(
+                i(d, "topology8_id"),
+                torus.then(|| i64::from(chip.index / 8)),
+                "{ctx}"
+            );
             assert_eq!(
                 s(d, "resource.kubernetes.io/pciBusID"),
                 Some(chip.bdf.as_str()),
@@ -153,7 +160,7 @@ fn every_attribute_on_every_neuron_fixture() {
                 expected.insert("resource.kubernetes.io/numaNode");
             }
             if torus {
-                expected.extend(["topology_x", "topology_y"]);
+                expected.extend(["topology_x", "topology_y", "topology4_id", "topology8_id"]);
             }
             if efa_enabled {
                 expected.extend(GROUP_ATTRS);
@@ -215,7 +222,7 @@ fn trn2_chips_share_a_switch_with_their_group1_efa() {
 fn check_value_through_published_attributes() {
     let (_dir, fx) = fixture("trn2.48xlarge");
     let devs = devices(&scan(&fx, &fixture_bdf(&fx)));
-    let chip0 = devs.iter().find(|d| d.name == "neuron-device-0").unwrap();
+    let chip0 = devs.iter().find(|d| d.name == "neurondevice0").unwrap();
     let got: Vec<&str> = GROUP_ATTRS.iter().map(|a| s(chip0, a).unwrap()).collect();
     assert_eq!(
         got,
@@ -307,7 +314,7 @@ fn rescans_look_chips_up_once_and_feed_prepare() {
     fx.unbind_driver(&chip5.bdf).unwrap();
     let found = inventory.scan().unwrap();
     assert_eq!(found.len(), 15);
-    assert!(!names(&found).contains(&"neuron-device-5".to_owned()));
+    assert!(!names(&found).contains(&"neurondevice5".to_owned()));
     assert!(
         shared.read().unwrap().chip(5).is_none(),
         "prepare sees the scan"
@@ -372,7 +379,7 @@ fn a_uevent_triggers_a_rescan() {
         fx.unbind_driver(&fx.neuron_chips[3].bdf).unwrap();
         uevent_tx.send(Trigger::Uevent).await.unwrap();
         assert!(wait_for(&mut rx, 15).await, "unbind seen after the uevent");
-        assert!(!rx.borrow().iter().any(|d| d.name == "neuron-device-3"));
+        assert!(!rx.borrow().iter().any(|d| d.name == "neurondevice3"));
 
         fx.bind_driver(&fx.neuron_chips[3].bdf).unwrap();
         uevent_tx.send(Trigger::Uevent).await.unwrap();
@@ -405,7 +412,7 @@ fn allocated(
         .map(|c| AllocatedDevice {
             request: request.into(),
             pool: "n1".into(),
-            device: format!("neuron-device-{c}"),
+            device: format!("neurondevice{c}"),
             admin_access: false,
             config: config.clone(),
         })
@@ -451,7 +458,7 @@ fn lnc_matrix_class_and_claim() {
                 let visible = format!("{}-{}", 2 * per, 4 * per - 1);
                 assert_eq!(edits.len(), 2, "{ctx}");
                 for (e, chip) in edits.iter().zip([2u32, 3]) {
-                    assert_eq!(e.device, format!("neuron-device-{chip}"), "{ctx}");
+                    assert_eq!(e.device, format!("neurondevice{chip}"), "{ctx}");
                     let env: BTreeMap<&str, &str> = e
                         .edits
                         .env
@@ -487,6 +494,7 @@ fn visible_cores_of_scattered_chips_and_mixed_lnc() {
     assert_eq!(edits[0].edits.env[ENV_VISIBLE_CORES], "0-3,8-11");
     let one = Some(NeuronConfig {
         logical_neuron_core: Some(1),
+        ultraserver_mode: None,
     });
     let edits = claim_edits(&inv, &allocated(&[15], "n", one.clone())).unwrap();
     assert_eq!(edits[0].edits.env[ENV_VISIBLE_CORES], "120-127");
@@ -496,8 +504,7 @@ fn visible_cores_of_scattered_chips_and_mixed_lnc() {
     mixed.extend(allocated(&[1], "b", None));
     let e = claim_edits(&inv, &mixed).unwrap_err().to_string();
     assert!(
-        e.contains("neuron-device-0 (request a): 1")
-            && e.contains("neuron-device-1 (request b): 2"),
+        e.contains("neurondevice0 (request a): 1") && e.contains("neurondevice1 (request b): 2"),
         "{e}"
     );
     let e = claim_edits(&inv, &allocated(&[16], "n", None))
@@ -505,7 +512,7 @@ fn visible_cores_of_scattered_chips_and_mixed_lnc() {
         .to_string();
     assert_eq!(
         e,
-        "chip 16 (neuron-device-16) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
+        "chip 16 (neurondevice16) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
     );
     let e = claim_edits(&inv, &allocated(&[], "n", None))
         .unwrap_err()
@@ -531,6 +538,7 @@ async fn driver_prepare_and_unprepare() {
     assert_eq!(edits[0].edits.env[ENV_LNC], "1");
     let two = Some(NeuronConfig {
         logical_neuron_core: Some(2),
+        ultraserver_mode: None,
     });
     let e = driver
         .prepare(&claim, &allocated(&[0], "n", two))
@@ -642,7 +650,7 @@ fn discover_taints_only_the_chip_with_uncorrected_sram_ecc() {
     let got = discover_taints(&fx);
     assert_eq!(got.len(), 1, "{got:?}");
     let (device, key, effect) = &got[0];
-    assert_eq!(device, "neuron-device-6");
+    assert_eq!(device, "neurondevice6");
     assert!(key.starts_with("neuron.aws.com/"), "{key}");
     assert_eq!(key, "neuron.aws.com/sram-ecc-uncorrected");
     assert_eq!(effect, "NoSchedule");
@@ -659,7 +667,7 @@ fn discover_repairable_hbm_gets_its_own_no_schedule_key() {
     assert_eq!(
         discover_taints(&fx),
         vec![(
-            "neuron-device-0".to_owned(),
+            "neurondevice0".to_owned(),
             "neuron.aws.com/hbm-ecc-repairable".to_owned(),
             "NoSchedule".to_owned()
         )]

@@ -61,18 +61,18 @@ fn trn2_cores_mode_publishes_chips_cores_and_one_counter_set_per_chip() {
     }
     let by_name: BTreeMap<&str, &Device> = devs.iter().map(|d| (d.name.as_str(), d)).collect();
     for chip in 0..16u32 {
-        let whole = by_name[format!("neuron-device-{chip}").as_str()];
+        let whole = by_name[format!("neurondevice{chip}").as_str()];
         assert_eq!(s(whole, "resourceType").as_deref(), Some("neuron_device"));
         let consumed = whole.consumes_counters.as_ref().unwrap();
         assert_eq!(consumed.len(), 1);
-        assert_eq!(consumed[0].counter_set, format!("neuron-device-{chip}"));
+        assert_eq!(consumed[0].counter_set, format!("neurondevice{chip}"));
         assert_eq!(
             consumed[0].counters.len(),
             8,
             "the whole chip takes every core"
         );
         for core in 0..8u32 {
-            let d = by_name[format!("neuron-device-{chip}-core-{core}").as_str()];
+            let d = by_name[format!("neurondevice{chip}-core-{core}").as_str()];
             assert_eq!(s(d, "resourceType").as_deref(), Some("neuron_core"));
             assert_eq!(i(d, "deviceId"), Some(chip as i64));
             assert_eq!(i(d, "coreId"), Some((chip * 8 + core) as i64));
@@ -85,7 +85,7 @@ fn trn2_cores_mode_publishes_chips_cores_and_one_counter_set_per_chip() {
                 assert!(s(d, &key).is_some());
             }
             let c = d.consumes_counters.as_ref().unwrap();
-            assert_eq!(c[0].counter_set, format!("neuron-device-{chip}"));
+            assert_eq!(c[0].counter_set, format!("neurondevice{chip}"));
             assert_eq!(
                 c[0].counters.keys().collect::<Vec<_>>(),
                 [&format!("core-{core}")]
@@ -113,7 +113,7 @@ fn inf2_cores_have_no_lnc2_index() {
     assert_eq!(devs.len(), 12 + 12 * 2);
     let core = devs
         .iter()
-        .find(|d| d.name == "neuron-device-11-core-1")
+        .find(|d| d.name == "neurondevice11-core-1")
         .unwrap();
     assert_eq!(i(core, "coreId"), Some(23));
     assert_eq!(i(core, "lnc2CoreId"), None, "inf2 runs LNC=1 only");
@@ -174,7 +174,7 @@ fn cores(list: &[(u32, u32)], config: Option<NeuronConfig>) -> Vec<AllocatedDevi
         .map(|(chip, core)| AllocatedDevice {
             request: "cores".into(),
             pool: "n1".into(),
-            device: format!("neuron-device-{chip}-core-{core}"),
+            device: format!("neurondevice{chip}-core-{core}"),
             admin_access: false,
             config: config.clone(),
         })
@@ -184,6 +184,7 @@ fn cores(list: &[(u32, u32)], config: Option<NeuronConfig>) -> Vec<AllocatedDevi
 fn lnc(v: u32) -> Option<NeuronConfig> {
     Some(NeuronConfig {
         logical_neuron_core: Some(v),
+        ultraserver_mode: None,
     })
 }
 
@@ -229,14 +230,14 @@ fn prepare_gives_cores_their_indices_and_the_chip_device_node() {
         .to_string();
     assert_eq!(
         e,
-        "device neuron-device-1-core-8: chip 1 has 8 physical cores, there is no core 8"
+        "device neurondevice1-core-8: chip 1 has 8 physical cores, there is no core 8"
     );
     // A whole chip (default LNC 2 on trn2) and a core (default 1) differ.
     let mut mixed = cores(&[(2, 0)], None);
     mixed.push(AllocatedDevice {
         request: "chip".into(),
         pool: "n1".into(),
-        device: "neuron-device-4".into(),
+        device: "neurondevice4".into(),
         admin_access: false,
         config: None,
     });
