@@ -8,6 +8,7 @@ use anyhow::{Context, Result, ensure};
 use crate::chart_expect::{Expect, NAMESPACE};
 use crate::chart_rendering::{Rendering, id, json, one};
 use crate::chart_specs::ChartSpec;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 
 pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
     let role = one(&r.cluster_roles, Some(&expect.fullname))?;
@@ -25,7 +26,7 @@ pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
     }
     got.sort();
     let want: Vec<(&str, &str, Vec<&str>)> = vec![
-        ("", "nodes", vec!["get"]),
+        ("", "nodes", expect.node_verbs.to_vec()),
         ("resource.k8s.io", "resourceclaims", vec!["get"]),
         (
             "resource.k8s.io",
@@ -59,8 +60,25 @@ pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
     Ok(())
 }
 
+/// A policy's name as the chart truncates it.
+fn policy_name(expect: &Expect, suffix: &str) -> String {
+    let mut name = format!("{}-{suffix}", expect.fullname);
+    name.truncate(63);
+    name.trim_end_matches('-').to_owned()
+}
+
 pub fn check_vap(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()> {
-    let policy = one(&r.policies, None)?;
+    let patches_nodes = spec.node_verbs.contains(&"patch");
+    ensure!(
+        r.policies.len() == 1 + usize::from(patches_nodes),
+        "expected {} admission policies, found {:?}",
+        1 + usize::from(patches_nodes),
+        r.policies.iter().map(id).collect::<Vec<_>>()
+    );
+    if patches_nodes {
+        check_node_policy(expect, r)?;
+    }
+    let policy = one(&r.policies, Some(&policy_name(expect, "resourceslices")))?;
     let p = policy
         .spec
         .as_ref()
@@ -136,7 +154,13 @@ pub fn check_vap(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()>
             id(policy)
         );
     }
-    let binding = one(&r.policy_bindings, None)?;
+    check_binding(r, policy)
+}
+
+/// The binding of `policy` denies what the policy refuses.
+fn check_binding(r: &Rendering, policy: &ValidatingAdmissionPolicy) -> Result<()> {
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let binding = one(&r.policy_bindings, Some(name))?;
     let b = binding.spec.as_ref();
     ensure!(
         b.and_then(|b| b.policy_name.as_deref()) == policy.metadata.name.as_deref()
@@ -147,4 +171,64 @@ pub fn check_vap(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()>
         json(&b)
     );
     Ok(())
+}
+
+/// The Neuron driver may patch Nodes (its UltraServer labels): a second
+/// policy confines that to its own Node and to those labels.
+fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
+    let policy = one(&r.policies, Some(&policy_name(expect, "nodes")))?;
+    let p = policy
+        .spec
+        .as_ref()
+        .with_context(|| format!("{} without spec", id(policy)))?;
+    ensure!(
+        p.failure_policy.as_deref() == Some("Fail"),
+        "{}: policy must fail closed",
+        id(policy)
+    );
+    let rule = p
+        .match_constraints
+        .as_ref()
+        .and_then(|m| m.resource_rules.as_ref())
+        .and_then(|r| r.first());
+    let list = |l: Option<&Vec<String>>| l.cloned().unwrap_or_default();
+    ensure!(
+        rule.is_some_and(|rule| list(rule.resources.as_ref()) == ["nodes"]
+            && list(rule.api_groups.as_ref()) == [""]
+            && list(rule.operations.as_ref()) == ["UPDATE"]
+            && list(rule.api_versions.as_ref()) == ["*"]),
+        "{}: policy must match updates of nodes in every version: {}",
+        id(policy),
+        json(&rule)
+    );
+    let user = format!(
+        "system:serviceaccount:{NAMESPACE}:{}",
+        expect.service_account
+    );
+    let cel: Vec<&str> = p
+        .match_conditions
+        .iter()
+        .flatten()
+        .map(|c| c.expression.as_str())
+        .chain(p.variables.iter().flatten().map(|v| v.expression.as_str()))
+        .chain(
+            p.validations
+                .iter()
+                .flatten()
+                .map(|v| v.expression.as_str()),
+        )
+        .collect();
+    for needle in [
+        format!("request.userInfo.username == \"{user}\""),
+        "variables.userNodeName == object.metadata.name".to_owned(),
+        "k.startsWith('neuron.amazonaws.com/ultraserver-')".to_owned(),
+        "object.spec == oldObject.spec".to_owned(),
+    ] {
+        ensure!(
+            cel.iter().any(|e| e.contains(&needle)),
+            "{}: no CEL expression of the policy contains `{needle}`",
+            id(policy)
+        );
+    }
+    check_binding(r, policy)
 }

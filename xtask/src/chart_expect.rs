@@ -17,6 +17,8 @@ pub const NAMESPACE: &str = "aws-dra";
 #[derive(Debug, Clone)]
 pub struct Expect {
     pub fullname: String,
+    /// The ClusterRole's verbs on nodes ([`ChartSpec::node_verbs`]).
+    pub node_verbs: &'static [&'static str],
     pub service_account: String,
     pub registrar_dir: String,
     pub plugins_dir: String,
@@ -66,14 +68,18 @@ pub fn extended_classes(spec: &ChartSpec) -> Vec<(String, String)> {
 }
 
 /// `(class, CEL substring)` that keep each Neuron class to its kind of
-/// device: whole chips for the default class and the chip names, cores for
+/// device: whole chips and whole UltraServer nodes for the default class
+/// (what AWS's class of the same name offers: every device of a driver
+/// that publishes no cores), whole chips for the chip names, cores for
 /// `neuroncore`.
 fn neuron_kind_selectors(default_class: Option<&str>) -> Vec<(String, String)> {
     let chip = r#"device.attributes["neuron.aws.com"].resourceType == "neuron_device""#;
     let core = r#"device.attributes["neuron.aws.com"].resourceType == "neuron_core""#;
+    let not_core =
+        r#"device.attributes["neuron.aws.com"].resourceType in ["neuron_device", "neuron_node"]"#;
     default_class
         .into_iter()
-        .map(|c| (c.to_owned(), chip.to_owned()))
+        .map(|c| (c.to_owned(), not_core.to_owned()))
         .chain([
             ("neuron.neuron.aws.com".to_owned(), chip.to_owned()),
             ("neurondevice.neuron.aws.com".to_owned(), chip.to_owned()),
@@ -86,6 +92,7 @@ impl Expect {
     pub fn defaults(spec: &ChartSpec) -> Expect {
         Expect {
             fullname: format!("{RELEASE}-{}", spec.name),
+            node_verbs: spec.node_verbs,
             service_account: format!("{RELEASE}-{}", spec.name),
             registrar_dir: "/var/lib/kubelet/plugins_registry".into(),
             plugins_dir: "/var/lib/kubelet/plugins".into(),

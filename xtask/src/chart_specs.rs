@@ -18,6 +18,9 @@ pub struct ChartSpec {
     pub binary: &'static str,
     /// Part of the device directory the DaemonSet mounts ("" = all of it).
     pub dev_sub_path: &'static str,
+    /// What the driver may do to Nodes: `get` its own (owner reference);
+    /// the Neuron driver also `patch`es its UltraServer labels.
+    pub node_verbs: &'static [&'static str],
 }
 
 pub const EFA: ChartSpec = ChartSpec {
@@ -25,6 +28,7 @@ pub const EFA: ChartSpec = ChartSpec {
     driver: "efa.networking.k8s.aws",
     binary: "efa-driver",
     dev_sub_path: "infiniband",
+    node_verbs: &["get"],
 };
 
 pub const NEURON: ChartSpec = ChartSpec {
@@ -32,6 +36,7 @@ pub const NEURON: ChartSpec = ChartSpec {
     driver: "neuron.aws.com",
     binary: "neuron-driver",
     dev_sub_path: "",
+    node_verbs: &["get", "patch"],
 };
 
 pub const CHARTS: [&ChartSpec; 2] = [&EFA, &NEURON];

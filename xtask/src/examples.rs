@@ -37,7 +37,10 @@ fn one<'a>(objs: &'a [Value], kind: &str, name: Option<&str>) -> Result<&'a Valu
 const CLASSES: [&str; 3] = ["efa.networking.k8s.aws", "neuron.aws.com", "gpu.nvidia.com"];
 
 /// Attributes a constraint may match on: those both sides of a pairing publish.
-const SHARED_ATTRIBUTES: [&str; 6] = [
+const SHARED_ATTRIBUTES: [&str; 8] = [
+    // Within the Neuron driver: AWS's groups of 4 and 8 chips.
+    "neuron.aws.com/topology4_id",
+    "neuron.aws.com/topology8_id",
     "resource.kubernetes.io/pcieRoot",
     "resource.kubernetes.io/numaNode",
     "resource.aws.com/devicegroup1_id",
@@ -146,19 +149,33 @@ fn check_claim(spec: &Value) -> Result<()> {
         let p = &opaque["parameters"];
         match opaque["driver"].as_str() {
             Some("neuron.aws.com") => {
+                // Both of AWS's kinds, under ours and AWS's beta apiVersions.
                 ensure!(
-                    p["apiVersion"] == "neuron.aws.com/v1" && p["kind"] == "NeuronConfig",
+                    matches!(
+                        p["apiVersion"].as_str(),
+                        Some(
+                            "neuron.aws.com/v1"
+                                | "neuron.aws.com/v1alphav1"
+                                | "resource.neuron.aws.com/v1alphav1"
+                        )
+                    ),
                     "{p}"
                 );
                 let keys: BTreeSet<&str> =
                     p.as_object().unwrap().keys().map(String::as_str).collect();
+                let (field, allowed): (&str, &[i64]) = match p["kind"].as_str() {
+                    Some("NeuronConfig") => ("logicalNeuronCore", &[1, 2]),
+                    Some("UltraServerConfig") => ("ultraserverMode", &[1, 2, 4]),
+                    _ => anyhow::bail!("unknown Neuron config kind: {p}"),
+                };
                 ensure!(
-                    keys.is_subset(&BTreeSet::from(["apiVersion", "kind", "logicalNeuronCore"])),
-                    "unknown NeuronConfig field: {keys:?}"
+                    keys.is_subset(&BTreeSet::from(["apiVersion", "kind", field])),
+                    "unknown {} field: {keys:?}",
+                    p["kind"]
                 );
                 ensure!(
-                    matches!(p["logicalNeuronCore"].as_i64(), Some(1 | 2)),
-                    "LNC must be 1 or 2"
+                    p[field].as_i64().is_some_and(|v| allowed.contains(&v)),
+                    "{field} must be one of {allowed:?}"
                 );
             }
             Some("efa.networking.k8s.aws") => {

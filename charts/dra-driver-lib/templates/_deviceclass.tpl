@@ -69,7 +69,7 @@ spec:
 {{- $top := . -}}
 {{- $docs := list -}}
 {{- if .Values.deviceClasses.default.enabled -}}
-{{- $class := dict "name" (default .Values.driver.name .Values.deviceClasses.default.name) "attributes" (.Values.deviceClasses.default.attributes | default dict) -}}
+{{- $class := dict "name" (default .Values.driver.name .Values.deviceClasses.default.name) "attributes" (.Values.deviceClasses.default.attributes | default dict) "selectors" (.Values.deviceClasses.default.selectors | default list) -}}
 {{- $docs = append $docs (include "dra-driver-lib.deviceClass" (dict "top" $top "class" $class)) -}}
 {{- end -}}
 {{- range .Values.deviceClasses.extra -}}

@@ -6,7 +6,10 @@ Least-privilege access of the node plugin:
   (watch with a field selector on its node and driver, create, update, delete
   stale slices). Which slices it may touch is narrowed further by the
   ValidatingAdmissionPolicy: RBAC cannot express "only my node's objects";
-- nodes: get, to set the Node as owner of the slices (garbage collection).
+- nodes: get, to set the Node as owner of the slices (garbage collection);
+  the verbs come from "<chart name>.nodeVerbs": the Neuron driver also
+  patches its own Node's UltraServer labels (the admission policy confines
+  that to its own Node and those labels).
 */}}
 {{- define "dra-driver-lib.serviceaccount" -}}
 {{- if .Values.serviceAccount.create -}}
@@ -41,7 +44,7 @@ rules:
     verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
   - apiGroups: [""]
     resources: ["nodes"]
-    verbs: ["get"]
+    verbs: [{{ include (printf "%s.nodeVerbs" .Chart.Name) . }}]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding

@@ -63,3 +63,70 @@ spec:
   validationActions: [Deny]
 {{- end -}}
 {{- end -}}
+
+{{/*
+The Neuron driver patches its own Node's UltraServer labels (RBAC: nodes
+patch). RBAC cannot narrow that to one Node or to some labels, so this
+policy does: the driver's service account may update only the Node its
+token is bound to, and only labels under `$prefix`; every other label,
+the annotations and the spec stay as they were.
+*/}}
+{{- define "dra-driver-lib.nodelabelspolicy" -}}
+{{- if .Values.validatingAdmissionPolicy.enabled -}}
+{{- $name := printf "%s-nodes" (include "dra-driver-lib.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- $prefix := include (printf "%s.nodeLabelPrefix" .Chart.Name) . -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: ["*"]
+        operations: ["UPDATE"]
+        resources: ["nodes"]
+  matchConditions:
+    - name: is-this-driver
+      expression: >-
+        request.userInfo.username == "system:serviceaccount:{{ .Release.Namespace }}:{{ include "dra-driver-lib.serviceAccountName" . }}"
+  variables:
+    - name: userNodeName
+      expression: >-
+        request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')
+    - name: labels
+      expression: >-
+        object.metadata.?labels.orValue({})
+    - name: oldLabels
+      expression: >-
+        oldObject.metadata.?labels.orValue({})
+  validations:
+    - expression: variables.userNodeName != '' && variables.userNodeName == object.metadata.name
+      messageExpression: >-
+        "the driver on node '" + variables.userNodeName + "' may not modify Node '" + object.metadata.name + "'"
+    - expression: >-
+        variables.labels.all(k, k.startsWith({{ $prefix | squote }}) ||
+          (k in variables.oldLabels && variables.oldLabels[k] == variables.labels[k])) &&
+        variables.oldLabels.all(k, k.startsWith({{ $prefix | squote }}) || k in variables.labels)
+      message: >-
+        this service account may only change the {{ $prefix }}* labels of its Node
+    - expression: >-
+        object.spec == oldObject.spec &&
+        object.metadata.?annotations.orValue({}) == oldObject.metadata.?annotations.orValue({})
+      message: >-
+        this service account may not change a Node's spec or annotations
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+spec:
+  policyName: {{ $name }}
+  validationActions: [Deny]
+{{- end -}}
+{{- end -}}

@@ -2,3 +2,5 @@
 {{- define "efa-dra-driver.binary" -}}efa-driver{{- end -}}
 {{/* The EFA driver only looks at /dev/infiniband (uverbsN, rdma_cm). */}}
 {{- define "efa-dra-driver.devSubPath" -}}infiniband{{- end -}}
+{{/* Verbs of the ClusterRole on nodes (see dra-driver-lib.rbac). */}}
+{{- define "efa-dra-driver.nodeVerbs" -}}"get"{{- end -}}
