@@ -56,7 +56,10 @@ pub fn local_node_name(role: &str) -> String {
 
 fn node_spec(role: &str, instance_type: &str) -> NodeSpec {
     NodeSpec::new(&local_node_name(role))
-        .label("node.kubernetes.io/instance-type", instance_type)
+        .label(
+            "node.kubernetes.io/instance-type",
+            sysfs_fixtures::instance_type_of(instance_type),
+        )
         .label(ROLE_LABEL, role)
 }
 

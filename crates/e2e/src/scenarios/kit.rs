@@ -551,9 +551,9 @@ pub fn efa_bdf(device: &str) -> Option<String> {
     }
 }
 
-/// `neuron-device-N` → N.
+/// `neurondeviceN` → N.
 pub fn neuron_index(device: &str) -> Option<u32> {
-    device.strip_prefix("neuron-device-")?.parse().ok()
+    device.strip_prefix("neurondevice")?.parse().ok()
 }
 
 #[cfg(test)]
@@ -592,7 +592,7 @@ mod tests {
     fn device_names_map_back_to_hardware() {
         assert_eq!(efa_bdf("efa-0000-4f-00-0").as_deref(), Some("0000:4f:00.0"));
         assert_eq!(efa_bdf("gpu-0"), None);
-        assert_eq!(neuron_index("neuron-device-12"), Some(12));
-        assert_eq!(neuron_index("neuron-device-x"), None);
+        assert_eq!(neuron_index("neurondevice12"), Some(12));
+        assert_eq!(neuron_index("neurondevicex"), None);
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod agreement;
 mod allocate;
+mod aws_claims;
 mod bad_input;
 mod cel_agreement;
 mod charts;
@@ -148,6 +149,10 @@ scenarios! {
         => uninstall::slices_after_stop;
     s24_upgrade_while_held [] testbed [UpgradeDriverImage] "helm upgrade of both charts to a new image while 10 pods hold claims: no pod restarted, no failed prepare or unprepare"
         => upgrade::upgrade_while_held;
+    s25_aws_neuron_claims [] "claims shaped like AWS's Neuron DRA examples (neurondeviceN, topology4_id/8_id, v1alphav1 configs) run unchanged on trn2"
+        => aws_claims::aws_neuron_claims;
+    s26_ultraserver [PartitionableDevices] "4 trn2u kubelets of one UltraServer: groups of 4 and of 2 whole-node pods each on one set with consistent ids; an unsupported mode is refused by name"
+        => aws_claims::ultraserver;
 }
 
 /// The scenario called `name`.

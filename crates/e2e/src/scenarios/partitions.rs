@@ -64,11 +64,9 @@ pub(super) async fn implicit_claim_devices(
     Ok(Some(devices))
 }
 
-/// `(chip, core)` of `neuron-device-N-core-K`.
+/// `(chip, core)` of `neurondeviceN-core-K`.
 pub(super) fn core_of(device: &str) -> Option<(u32, u32)> {
-    let (chip, core) = device
-        .strip_prefix("neuron-device-")?
-        .split_once("-core-")?;
+    let (chip, core) = device.strip_prefix("neurondevice")?.split_once("-core-")?;
     Some((chip.parse().ok()?, core.parse().ok()?))
 }
 
@@ -340,8 +338,8 @@ mod tests {
 
     #[test]
     fn core_names_and_lists() {
-        assert_eq!(core_of("neuron-device-15-core-7"), Some((15, 7)));
-        assert_eq!(core_of("neuron-device-15"), None);
+        assert_eq!(core_of("neurondevice15-core-7"), Some((15, 7)));
+        assert_eq!(core_of("neurondevice15"), None);
         assert_eq!(expand("0-2,7").unwrap(), vec![0, 1, 2, 7]);
         assert_eq!(expand("5").unwrap(), vec![5]);
         assert!(expand("x").is_err());

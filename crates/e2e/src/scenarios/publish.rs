@@ -121,7 +121,7 @@ async fn check_attributes(tb: &impl Testbed, node: &NodeInfo) -> Result<()> {
         let devs = kit::devices(tb, &node.name, DriverKind::Neuron).await?;
         let mut chip_groups: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
         for chip in &f.neuron_chips {
-            let name = format!("neuron-device-{}", chip.index);
+            let name = format!("neurondevice{}", chip.index);
             let d = devs
                 .get(&name)
                 .ok_or_else(|| anyhow!("{}: no Neuron device {name}", node.name))?;
