@@ -125,12 +125,18 @@ impl CheckpointStore {
         }
     }
 
+    /// Sets the prepared gauges from what `checkpoint` records.
+    fn count_prepared(&self, checkpoint: &Checkpoint) {
+        let devices = checkpoint.claims.values().map(|c| c.devices.len()).sum();
+        self.metrics.prepared(checkpoint.claims.len(), devices);
+    }
+
     /// The current checkpoint; empty when there is none, when it is from an
     /// earlier boot, or when it was corrupt (then moved aside). Sets the
     /// prepared gauges from it.
     pub fn load(&self) -> Result<Checkpoint, CheckpointError> {
         let checkpoint = self.read_current()?;
-        self.metrics.prepared(&checkpoint);
+        self.count_prepared(&checkpoint);
         Ok(checkpoint)
     }
 
@@ -238,7 +244,7 @@ impl CheckpointStore {
         };
         before.push(stage(&self.path, &bytes).map_err(|e| failed(self.path.clone(), e))?);
         commit(before).map_err(|(path, e)| failed(path, e))?;
-        self.metrics.prepared(checkpoint);
+        self.count_prepared(checkpoint);
         Ok(())
     }
 }

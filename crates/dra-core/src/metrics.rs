@@ -140,13 +140,13 @@ impl PluginMetrics {
         self.checkpoint_errors.with_label_values(&[reason]).inc();
     }
 
-    /// The prepared gauges, from a checkpoint as read or written.
-    pub(crate) fn prepared(&self, checkpoint: &crate::checkpoint::Checkpoint) {
+    /// The prepared gauges, from the claims and devices a checkpoint records
+    /// (counted by the checkpoint store, so that this module need not know
+    /// the checkpoint's layout).
+    pub(crate) fn prepared(&self, claims: usize, devices: usize) {
         let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.prepared_claims.set(count(checkpoint.claims.len()));
-        self.prepared_devices.set(count(
-            checkpoint.claims.values().map(|c| c.devices.len()).sum(),
-        ));
+        self.prepared_claims.set(count(claims));
+        self.prepared_devices.set(count(devices));
     }
 }
 

@@ -212,7 +212,7 @@ async fn probe_api<F>(cmd: &RunCommand<F>) -> ApiSupport
 where
     F: clap::Args + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    match crate::cli::kube_client(cmd.run.kubeconfig.as_deref()).await {
+    match crate::client::kube_client(cmd.run.kubeconfig.as_deref()).await {
         Ok(client) => {
             crate::api_probe::probe_partitionable_devices(
                 &client,
