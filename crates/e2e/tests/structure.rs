@@ -65,9 +65,14 @@ fn modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
     out
 }
 
-/// The code of a file that counts: no comments, no inline test module.
+/// The code of a file that counts: no comments, no inline test module
+/// (`mod tests`, also `pub(crate)` or `pub` when other tests share its helpers).
 fn code_of(text: &str) -> String {
-    let body = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let body = ["", "pub ", "pub(crate) "]
+        .iter()
+        .filter_map(|vis| text.find(&format!("#[cfg(test)]\n{vis}mod tests")))
+        .min()
+        .map_or(text, |end| &text[..end]);
     body.lines()
         .map(|l| l.split("//").next().unwrap_or(""))
         .filter(|l| !l.trim_start().starts_with("mod ") && !l.trim_start().starts_with("pub mod "))
@@ -379,6 +384,19 @@ fn the_checker_sees_circles_between_top_level_modules() {
     mods.insert(p("a"), dir.path().join("a.rs"));
     mods.insert(p("b"), dir.path().join("b.rs"));
     assert!(is_test_module(&p("a::tests"), &mods));
-    assert!(!is_test_module(&p("b::tests"), &mods), "not declared for tests only");
+    assert!(
+        !is_test_module(&p("b::tests"), &mods),
+        "not declared for tests only"
+    );
     assert!(!is_test_module(&p("a::other"), &mods));
+
+    for vis in ["", "pub ", "pub(crate) "] {
+        let code = code_of(&format!(
+            "use crate::a::X;\n#[cfg(test)]\n{vis}mod tests {{ use crate::b::Y; }}"
+        ));
+        assert!(
+            code.contains("crate::a::X") && !code.contains("crate::b"),
+            "{vis}: {code}"
+        );
+    }
 }
