@@ -302,7 +302,10 @@ mod tests {
                     .find_map(|l| l.strip_prefix(&format!("{name} ")))
                     .and_then(|v| v.parse::<i64>().ok())
             };
-            (value("dra_prepared_claims"), value("dra_prepared_devices"))
+            (
+                value("aws_dra_checkpoint_claims"),
+                value("aws_dra_checkpoint_devices"),
+            )
         };
         let dir = tempfile::tempdir().unwrap();
         let (s, registry) = store(dir.path(), "boot-a");
@@ -396,7 +399,7 @@ mod tests {
             assert_eq!(std::fs::read_to_string(aside[0].path()).unwrap(), garbage);
             let text = crate::metrics::tests::render(&registry);
             assert!(
-                text.contains("dra_plugin_checkpoint_errors_total{reason=\"corrupt\"} 1"),
+                text.contains("aws_dra_checkpoint_errors_total{reason=\"corrupt\"} 1"),
                 "{text}"
             );
         }
