@@ -125,12 +125,18 @@ impl CheckpointStore {
         }
     }
 
+    /// Sets the prepared gauges from what `checkpoint` records.
+    fn count_prepared(&self, checkpoint: &Checkpoint) {
+        let devices = checkpoint.claims.values().map(|c| c.devices.len()).sum();
+        self.metrics.prepared(checkpoint.claims.len(), devices);
+    }
+
     /// The current checkpoint; empty when there is none, when it is from an
     /// earlier boot, or when it was corrupt (then moved aside). Sets the
     /// prepared gauges from it.
     pub fn load(&self) -> Result<Checkpoint, CheckpointError> {
         let checkpoint = self.read_current()?;
-        self.metrics.prepared(&checkpoint);
+        self.count_prepared(&checkpoint);
         Ok(checkpoint)
     }
 
@@ -238,7 +244,7 @@ impl CheckpointStore {
         };
         before.push(stage(&self.path, &bytes).map_err(|e| failed(self.path.clone(), e))?);
         commit(before).map_err(|(path, e)| failed(path, e))?;
-        self.metrics.prepared(checkpoint);
+        self.count_prepared(checkpoint);
         Ok(())
     }
 }
@@ -296,7 +302,10 @@ mod tests {
                     .find_map(|l| l.strip_prefix(&format!("{name} ")))
                     .and_then(|v| v.parse::<i64>().ok())
             };
-            (value("dra_prepared_claims"), value("dra_prepared_devices"))
+            (
+                value("aws_dra_checkpoint_claims"),
+                value("aws_dra_checkpoint_devices"),
+            )
         };
         let dir = tempfile::tempdir().unwrap();
         let (s, registry) = store(dir.path(), "boot-a");
@@ -390,7 +399,7 @@ mod tests {
             assert_eq!(std::fs::read_to_string(aside[0].path()).unwrap(), garbage);
             let text = crate::metrics::tests::render(&registry);
             assert!(
-                text.contains("dra_plugin_checkpoint_errors_total{reason=\"corrupt\"} 1"),
+                text.contains("aws_dra_checkpoint_errors_total{reason=\"corrupt\"} 1"),
                 "{text}"
             );
         }

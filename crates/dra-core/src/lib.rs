@@ -26,6 +26,7 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod claims;
 pub mod cli;
+mod client;
 pub mod config;
 pub mod connection;
 pub mod driver;

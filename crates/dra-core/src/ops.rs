@@ -282,7 +282,7 @@ mod tests {
     #[tokio::test]
     async fn endpoints_over_tcp() {
         let registry = Registry::new();
-        let counter = prometheus::IntCounter::new("dra_test_total", "test").expect("counter");
+        let counter = prometheus::IntCounter::new("aws_dra_test_total", "test").expect("counter");
         registry
             .register(Box::new(counter.clone()))
             .expect("register");
@@ -319,7 +319,7 @@ mod tests {
 
         let (status, body) = get(addr, "GET", "/metrics").await;
         assert_eq!(status, 200);
-        assert!(body.contains("dra_test_total 7"), "{body}");
+        assert!(body.contains("aws_dra_test_total 7"), "{body}");
 
         assert_eq!(
             get(addr, "GET", "/healthz").await,

@@ -5,7 +5,7 @@
 //! serve: kubelet has a plugin to call and the scheduler sees the devices.
 //!
 //! Both facts are read from the driver's own metrics
-//! (`dra_plugin_registered`, `dra_publish_last_success_timestamp_seconds`),
+//! (`aws_dra_plugin_registered`, `aws_dra_publish_last_success_timestamp_seconds`),
 //! the same numbers an operator sees, so the probe and the dashboards
 //! cannot disagree.
 
@@ -26,8 +26,8 @@ pub(crate) fn serving(families: &[MetricFamily]) -> bool {
         let family = families.iter().find(|f| f.name() == name)?;
         Some(family.get_metric().first()?.get_gauge().value())
     };
-    value("dra_plugin_registered") == Some(1.0)
-        && value("dra_publish_last_success_timestamp_seconds").is_some_and(|t| t > 0.0)
+    value("aws_dra_plugin_registered") == Some(1.0)
+        && value("aws_dra_publish_last_success_timestamp_seconds").is_some_and(|t| t > 0.0)
 }
 
 /// Sets `readiness` once `registry` shows the plugin registered and the
@@ -59,8 +59,8 @@ mod tests {
     #[test]
     fn ready_only_when_registered_and_published() {
         let registry = Registry::new();
-        let registered = IntGauge::new("dra_plugin_registered", "r").unwrap();
-        let published = Gauge::new("dra_publish_last_success_timestamp_seconds", "p").unwrap();
+        let registered = IntGauge::new("aws_dra_plugin_registered", "r").unwrap();
+        let published = Gauge::new("aws_dra_publish_last_success_timestamp_seconds", "p").unwrap();
         registry.register(Box::new(registered.clone())).unwrap();
         assert!(!serving(&registry.gather()), "nothing yet");
         registry.register(Box::new(published.clone())).unwrap();
@@ -72,11 +72,24 @@ mod tests {
         assert!(!serving(&registry.gather()), "registered, never published");
     }
 
+    /// The names read above are the ones the runtime registers: a rename
+    /// of either metric fails here, not in a rollout that never gets ready.
+    #[test]
+    fn reads_the_metrics_the_runtime_registers() {
+        let registry = Registry::new();
+        let plugin = crate::metrics::PluginMetrics::register(&registry).unwrap();
+        let publish = crate::publish::PublishMetrics::register(&registry).unwrap();
+        assert!(!serving(&registry.gather()));
+        plugin.registration(true);
+        publish.last_success.set(1_700_000_000.0);
+        assert!(serving(&registry.gather()));
+    }
+
     #[tokio::test]
     async fn marks_ready_once_serving() {
         let registry = Registry::new();
-        let registered = IntGauge::new("dra_plugin_registered", "r").unwrap();
-        let published = Gauge::new("dra_publish_last_success_timestamp_seconds", "p").unwrap();
+        let registered = IntGauge::new("aws_dra_plugin_registered", "r").unwrap();
+        let published = Gauge::new("aws_dra_publish_last_success_timestamp_seconds", "p").unwrap();
         registry.register(Box::new(registered.clone())).unwrap();
         registry.register(Box::new(published.clone())).unwrap();
         let readiness = Readiness::default();

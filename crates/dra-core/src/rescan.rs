@@ -61,8 +61,8 @@ impl Trigger {
     }
 }
 
-/// Metrics of the rescans, named after the binary (`efa_driver_devices`,
-/// `neuron_driver_rescans_total`, ...).
+/// Metrics of the rescans, named after the binary (`aws_dra_efa_devices`,
+/// `aws_dra_neuron_rescans_total`, ...).
 #[derive(Debug, Clone)]
 pub struct RescanMetrics {
     /// Devices currently published.
@@ -495,7 +495,7 @@ mod tests {
         let hw = Hardware::default();
         hw.set(&["a", "b"]);
         let registry = Registry::new();
-        let metrics = RescanMetrics::register(&registry, "test_driver").unwrap();
+        let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
         let (rescanner, mut feeds) = Rescanner::new(
             hw.clone(),
             PoolId {
@@ -533,7 +533,7 @@ mod tests {
         assert_eq!(metrics.devices.get(), 1);
         assert_eq!(metrics.rescan_seconds.get_sample_count(), 3);
         assert!(
-            RescanMetrics::register(&registry, "test_driver").is_err(),
+            RescanMetrics::register(&registry, "aws_dra_test").is_err(),
             "duplicate names"
         );
     }
@@ -544,7 +544,7 @@ mod tests {
         hw.set(&["a", "b"]);
         let timeout = Some(Duration::from_secs(30));
         let registry = Registry::new();
-        let metrics = RescanMetrics::register(&registry, "test_driver").unwrap();
+        let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
         let (rescanner, mut feeds) = Rescanner::new(
             hw.clone(),
             PoolId {

@@ -44,8 +44,9 @@ const WORKER_THREADS: usize = 2;
 /// What the binary is.
 #[derive(Debug, Clone, Copy)]
 pub struct Program {
-    /// Binary name (`efa-driver`); also the prefix of the rescan metrics
-    /// (`efa_driver_rescans_total`).
+    /// Binary name (`efa-driver`); without its `-driver`, also the part of
+    /// the rescan metrics' names after the project prefix
+    /// (`aws_dra_efa_rescans_total`).
     pub binary: &'static str,
     /// `env!("CARGO_PKG_VERSION")` of the driver crate.
     pub version: &'static str,
@@ -57,8 +58,11 @@ pub struct Program {
 }
 
 impl Program {
-    fn metrics_prefix(&self) -> String {
-        self.binary.replace('-', "_")
+    /// `aws_dra_<binary without -driver>`: the project's prefix, then the
+    /// driver, as the naming rule in `docs/operations.md` asks.
+    pub(crate) fn metrics_prefix(&self) -> String {
+        let name = self.binary.strip_suffix("-driver").unwrap_or(self.binary);
+        format!("{}{}", crate::metrics::PREFIX, name.replace('-', "_"))
     }
 }
 

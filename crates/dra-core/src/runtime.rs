@@ -20,7 +20,7 @@ use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::claims::KubeClaimSource;
-use crate::cli::{ClientError, kube_client};
+use crate::client::{ClientError, kube_client};
 use crate::driver::Driver;
 use crate::metrics::PluginMetrics;
 use crate::node::{NodeError, device_plugin_resources_present, get_node, node_owner};

@@ -339,11 +339,11 @@ async fn register_prepare_unprepare_v1() {
     );
     let text = metrics_text(&h);
     assert!(
-        text.contains("dra_plugin_claims_total{operation=\"prepare\",result=\"success\"} 2"),
+        text.contains("aws_dra_plugin_claims_total{operation=\"prepare\",result=\"success\"} 2"),
         "{text}"
     );
     assert!(
-        text.contains("dra_plugin_claims_total{operation=\"unprepare\",result=\"success\"} 2"),
+        text.contains("aws_dra_plugin_claims_total{operation=\"unprepare\",result=\"success\"} 2"),
         "{text}"
     );
     stop(h).await;
@@ -396,10 +396,10 @@ async fn register_prepare_unprepare_v1beta1_and_registration_failure() {
         .unwrap();
     let text = metrics_text(&h);
     assert!(
-        text.contains("dra_plugin_registration_failures_total 1"),
+        text.contains("aws_dra_plugin_registration_failures_total 1"),
         "{text}"
     );
-    assert!(text.contains("dra_plugin_registered 0"), "{text}");
+    assert!(text.contains("aws_dra_plugin_registered 0"), "{text}");
     stop(h).await;
 }
 
@@ -688,7 +688,7 @@ async fn corrupt_checkpoint_is_moved_aside_and_counted() {
             .any(|n| n.starts_with("checkpoint.json.corrupt-")),
         "{names:?}"
     );
-    assert!(metrics_text(&h).contains("dra_plugin_checkpoint_errors_total{reason=\"corrupt\"} 1"));
+    assert!(metrics_text(&h).contains("aws_dra_checkpoint_errors_total{reason=\"corrupt\"} 1"));
     stop(h).await;
 }
 

@@ -218,7 +218,7 @@ impl NodeInfo {
 pub struct Figures {
     /// `(node, driver, ms)`: process start → all its slices visible with every device.
     pub start_to_slices_ms: Vec<(String, String, u64)>,
-    /// `(node, driver, prepares, mean ms)` from `dra_plugin_claim_duration_seconds`.
+    /// `(node, driver, prepares, mean ms)` from `aws_dra_plugin_claim_duration_seconds`.
     pub prepare_latency: Vec<(String, String, u64, f64)>,
     /// `(node, driver, KiB)`: VmRSS after the run.
     pub rss_kib: Vec<(String, String, u64)>,

@@ -35,13 +35,15 @@ use crate::prepare::EfaDriver;
 pub const RELEVANT_SUBSYSTEMS: &[&str] = &["pci", "infiniband", "infiniband_verbs"];
 
 /// The driver's own metrics (the rescan metrics are `dra-core`'s:
-/// `efa_driver_devices`, `efa_driver_rescans_total`,
-/// `efa_driver_rescan_duration_seconds`).
+/// `aws_dra_efa_devices`, `aws_dra_efa_rescans_total`,
+/// `aws_dra_efa_rescan_duration_seconds`).
 #[derive(Debug, Clone)]
 pub struct EfaMetrics {
     /// EFAs present but not published, by reason.
     pub unusable: IntGaugeVec,
-    /// EFAs that became unusable, by reason (counted once per transition).
+    /// EFAs that became unusable, by reason (counted once per transition;
+    /// `aws_dra_efa_unusable_transitions_total`, not `..._devices_total`,
+    /// which would share the gauge's stem).
     pub unusable_total: IntCounterVec,
 }
 
@@ -51,14 +53,14 @@ impl EfaMetrics {
         let m = EfaMetrics {
             unusable: IntGaugeVec::new(
                 Opts::new(
-                    "efa_driver_unusable_devices",
+                    "aws_dra_efa_unusable_devices",
                     "EFAs present on the node but not published, by reason",
                 ),
                 &["reason"],
             )?,
             unusable_total: IntCounterVec::new(
                 Opts::new(
-                    "efa_driver_unusable_devices_total",
+                    "aws_dra_efa_unusable_transitions_total",
                     "EFAs that became unusable (unbound driver, missing RDMA or verbs device, unreadable sysfs)",
                 ),
                 &["reason"],
@@ -209,5 +211,30 @@ mod tests {
         let registry = Registry::new();
         EfaMetrics::register(&registry).unwrap();
         assert!(EfaMetrics::register(&registry).is_err(), "duplicate names");
+    }
+
+    /// The project prefix and the driver, and no stem shared between the
+    /// gauge and the counter (OpenMetrics would read `X` and `X_total` as
+    /// one family of two types).
+    #[test]
+    fn metric_names_follow_the_naming_rule() {
+        let registry = Registry::new();
+        let m = EfaMetrics::register(&registry).unwrap();
+        m.unusable.with_label_values(&["not_an_efa"]).set(1);
+        m.unusable_total.with_label_values(&["not_an_efa"]).inc();
+        let names: Vec<String> = registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "aws_dra_efa_unusable_devices",
+                "aws_dra_efa_unusable_transitions_total"
+            ]
+        );
+        let gauge_stem = &names[0];
+        assert_ne!(names[1].trim_end_matches("_total"), gauge_stem);
     }
 }

@@ -62,7 +62,7 @@ async fn periodic_rescan_follows_add_remove_unbind() {
     let f = generate("p5.48xlarge", dir.path()).unwrap();
     let registry = prometheus::Registry::new();
     let metrics = EfaMetrics::register(&registry).unwrap();
-    let rescans = RescanMetrics::register(&registry, "efa_driver").unwrap();
+    let rescans = RescanMetrics::register(&registry, "aws_dra_efa").unwrap();
     let inv = EfaInventory::new(&host(&f), Some(metrics.clone()));
     let (rescanner, feeds) = Rescanner::new(
         inv,

@@ -7,7 +7,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::pci::{PciAddress, PciAddressError};
+use crate::address::{PciAddress, PciAddressError};
 
 /// What went wrong while reading one piece of sysfs.
 #[derive(Debug, thiserror::Error)]

@@ -15,6 +15,7 @@
 //! Errors never abort a scan: a broken function is reported next to the
 //! functions that could be read.
 
+mod address;
 pub mod devicegroup;
 pub mod error;
 pub mod ids;

@@ -59,20 +59,20 @@ pub enum PublisherConfigError {
 /// Metrics of the publisher, registered once per process.
 #[derive(Debug, Clone)]
 pub struct PublishMetrics {
-    /// `dra_published_devices`: devices in the pool after the last successful sync.
+    /// `aws_dra_publish_pool_devices`: devices in the pool after the last successful sync.
     pub published_devices: IntGauge,
-    /// `dra_publish_errors_total{operation}`: failed API calls
+    /// `aws_dra_publish_errors_total{operation}`: failed API calls
     /// (`create`/`update`/`delete`/`watch`).
     pub publish_errors: IntCounterVec,
-    /// `dra_publish_last_success_timestamp_seconds`: Unix time of the last
+    /// `aws_dra_publish_last_success_timestamp_seconds`: Unix time of the last
     /// reconcile that left the pool in sync (written or already equal).
     pub last_success: Gauge,
-    /// `dra_resourceslice_writes_total{operation}`: successful slice writes.
+    /// `aws_dra_publish_slice_writes_total{operation}`: successful slice writes.
     pub slice_writes: IntCounterVec,
-    /// `dra_device_validation_issues_total{action,reason}`: attributes or
+    /// `aws_dra_publish_validation_issues_total{action,reason}`: attributes or
     /// devices dropped/shortened by validation.
     pub validation_issues: IntCounterVec,
-    /// `dra_publish_taints_dropped`: 1 once the API server was seen dropping
+    /// `aws_dra_publish_taints_dropped`: 1 once the API server was seen dropping
     /// device taints (publishing continues without them).
     pub taints_dropped: IntGauge,
 }
@@ -82,36 +82,36 @@ impl PublishMetrics {
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = Self {
             published_devices: IntGauge::new(
-                "dra_published_devices",
+                "aws_dra_publish_pool_devices",
                 "Devices in the node's ResourceSlice pool after the last successful sync.",
             )?,
             publish_errors: IntCounterVec::new(
                 Opts::new(
-                    "dra_publish_errors_total",
+                    "aws_dra_publish_errors_total",
                     "Failed ResourceSlice API calls, by operation.",
                 ),
                 &["operation"],
             )?,
             last_success: Gauge::new(
-                "dra_publish_last_success_timestamp_seconds",
+                "aws_dra_publish_last_success_timestamp_seconds",
                 "Unix time of the last reconcile that left the pool in sync.",
             )?,
             slice_writes: IntCounterVec::new(
                 Opts::new(
-                    "dra_resourceslice_writes_total",
+                    "aws_dra_publish_slice_writes_total",
                     "Successful ResourceSlice writes, by operation.",
                 ),
                 &["operation"],
             )?,
             validation_issues: IntCounterVec::new(
                 Opts::new(
-                    "dra_device_validation_issues_total",
+                    "aws_dra_publish_validation_issues_total",
                     "Attributes, capacities or devices dropped or shortened to meet API limits.",
                 ),
                 &["action", "reason"],
             )?,
             taints_dropped: IntGauge::new(
-                "dra_publish_taints_dropped",
+                "aws_dra_publish_taints_dropped",
                 "1 once the API server dropped the device taints the driver wrote (DRADeviceTaints off).",
             )?,
         };

@@ -231,7 +231,7 @@ async fn a_held_device_is_prepared_once_its_holder_is_unprepared() {
     assert!(driver.violations.lock().unwrap().is_empty());
     let text = crate::metrics::tests::render(&registry);
     assert!(
-        text.contains("dra_plugin_device_release_waits_total{result=\"released\"} 1"),
+        text.contains("aws_dra_plugin_device_release_waits_total{result=\"released\"} 1"),
         "{text}"
     );
 }
@@ -257,7 +257,7 @@ async fn a_device_still_held_at_the_bound_is_refused_as_before() {
     assert_eq!(*driver.prepares.lock().unwrap(), ["uid-old"]);
     let text = crate::metrics::tests::render(&registry);
     assert!(
-        text.contains("dra_plugin_device_release_waits_total{result=\"timed_out\"} 1"),
+        text.contains("aws_dra_plugin_device_release_waits_total{result=\"timed_out\"} 1"),
         "{text}"
     );
 

@@ -36,7 +36,7 @@ pub struct DiskFigures {
     pub corrupt_new_pod_ms: Option<u64>,
     /// The corrupt file moved aside (a `checkpoint.json.corrupt-*` file).
     pub corrupt_moved_aside: Option<bool>,
-    /// `dra_plugin_checkpoint_errors_total{reason="corrupt"}` after it.
+    /// `aws_dra_checkpoint_errors_total{reason="corrupt"}` after it.
     pub corrupt_counted: Option<f64>,
     /// CDI specs of the held pod's claim left 60 s after its deletion.
     pub corrupt_specs_left: Option<usize>,
@@ -155,7 +155,7 @@ async fn corrupt_checkpoint(tb: &LocalTestbed, f: &mut DiskFigures, data_dir: &P
     let metrics = tb.driver_metrics(NODE, DriverKind::Efa).await?;
     f.corrupt_counted = kit::gauge(
         &metrics,
-        "dra_plugin_checkpoint_errors_total",
+        "aws_dra_checkpoint_errors_total",
         r#"reason="corrupt""#,
     );
     // The held claim was prepared before the checkpoint was lost: its

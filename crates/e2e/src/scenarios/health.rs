@@ -427,8 +427,14 @@ async fn quiet_after_fault(tb: &impl Testbed, t: &Target) -> Result<()> {
     let sys = tb.fixture_sysfs(t.node)?;
     let injected = Instant::now();
     health::inject(&sys, &t.fault).with_context(|| format!("injecting {:?}", t.fault))?;
-    let binary = t.kind.binary().replace('-', "_");
-    let unhealthy = format!("{binary}_devices_by_health{{state=\"unhealthy\"}}");
+    // The driver's rescan metrics are `aws_dra_<binary without -driver>_...`
+    // (dra-core's runner; the rule in docs/operations.md).
+    let driver = t
+        .kind
+        .binary()
+        .trim_end_matches("-driver")
+        .replace('-', "_");
+    let unhealthy = format!("aws_dra_{driver}_devices_by_health{{state=\"unhealthy\"}}");
     // The first rescan that saw the fault, and the publisher's verdict on the
     // taints it then wrote.
     kit::wait_for(
@@ -442,7 +448,7 @@ async fn quiet_after_fault(tb: &impl Testbed, t: &Target) -> Result<()> {
         || async {
             let text = tb.driver_metrics(t.node, t.kind).await?;
             let seen = metric(&text, &unhealthy).is_some_and(|v| v >= 1.0);
-            let dropped = metric(&text, "dra_publish_taints_dropped") == Some(1.0);
+            let dropped = metric(&text, "aws_dra_publish_taints_dropped") == Some(1.0);
             Ok((seen && dropped).then_some(()))
         },
     )
@@ -503,13 +509,13 @@ mod tests {
 
     #[test]
     fn reads_plain_and_labelled_metrics() {
-        let text = "# HELP x\nefa_driver_devices_by_health{state=\"unhealthy\"} 1\n\
-                    dra_publish_taints_dropped 0\n";
+        let text = "# HELP x\naws_dra_efa_devices_by_health{state=\"unhealthy\"} 1\n\
+                    aws_dra_publish_taints_dropped 0\n";
         assert_eq!(
-            metric(text, "efa_driver_devices_by_health{state=\"unhealthy\"}"),
+            metric(text, "aws_dra_efa_devices_by_health{state=\"unhealthy\"}"),
             Some(1.0)
         );
-        assert_eq!(metric(text, "dra_publish_taints_dropped"), Some(0.0));
+        assert_eq!(metric(text, "aws_dra_publish_taints_dropped"), Some(0.0));
         assert_eq!(metric(text, "nothing"), None);
     }
 }

@@ -514,10 +514,10 @@ pub async fn efa_gauges(
         let metrics = tb.driver_metrics(node, DriverKind::Efa).await?;
         let g = |name: &str, labels: &str| gauge(&metrics, name, labels);
         let seen = (
-            g("dra_prepared_claims", ""),
-            g("dra_prepared_devices", ""),
-            g("dra_published_devices", ""),
-            g("efa_driver_devices_by_health", "state=\"unhealthy\""),
+            g("aws_dra_checkpoint_claims", ""),
+            g("aws_dra_checkpoint_devices", ""),
+            g("aws_dra_publish_pool_devices", ""),
+            g("aws_dra_efa_devices_by_health", "state=\"unhealthy\""),
         );
         if seen == want {
             break;
@@ -579,13 +579,13 @@ mod tests {
 
     #[test]
     fn gauges_are_read_by_name_and_labels() {
-        let text = "# HELP dra_prepared_claims x\ndra_prepared_claims 2\ndra_prepared_claims_other 9\nefa_driver_devices_by_health{state=\"healthy\"} 31\nefa_driver_devices_by_health{state=\"unhealthy\"} 1\n";
-        assert_eq!(gauge(text, "dra_prepared_claims", ""), Some(2.0));
+        let text = "# HELP aws_dra_checkpoint_claims x\naws_dra_checkpoint_claims 2\naws_dra_checkpoint_claims_other 9\naws_dra_efa_devices_by_health{state=\"healthy\"} 31\naws_dra_efa_devices_by_health{state=\"unhealthy\"} 1\n";
+        assert_eq!(gauge(text, "aws_dra_checkpoint_claims", ""), Some(2.0));
         assert_eq!(
-            gauge(text, "efa_driver_devices_by_health", "state=\"unhealthy\""),
+            gauge(text, "aws_dra_efa_devices_by_health", "state=\"unhealthy\""),
             Some(1.0)
         );
-        assert_eq!(gauge(text, "dra_prepared_devices", ""), None);
+        assert_eq!(gauge(text, "aws_dra_checkpoint_devices", ""), None);
     }
 
     #[test]

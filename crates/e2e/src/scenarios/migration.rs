@@ -61,7 +61,7 @@ async fn allocatable(tb: &impl Testbed, node_name: &str) -> Result<Option<String
 }
 
 /// Waits until kubelet has registered the driver `kind` on `node`
-/// (`dra_plugin_registered 1`): a complete pool in the API comes first, and
+/// (`aws_dra_plugin_registered 1`): a complete pool in the API comes first, and
 /// a pod that reaches the kubelet before the registration fails its prepare
 /// and waits for the kubelet's next periodic sync of the pod
 /// (kubernetes#139836).
@@ -74,7 +74,7 @@ pub(super) async fn registered_on(tb: &impl Testbed, node: &str, kind: DriverKin
             let metrics = tb.driver_metrics(node, kind).await?;
             Ok(metrics
                 .lines()
-                .any(|l| l.trim() == "dra_plugin_registered 1")
+                .any(|l| l.trim() == "aws_dra_plugin_registered 1")
                 .then_some(()))
         },
     )

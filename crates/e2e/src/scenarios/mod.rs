@@ -187,11 +187,12 @@ pub async fn run<T: Testbed>(tb: &T, name: &str) -> Result<()> {
 }
 
 /// Mean prepare latency `(count, mean ms)` from a driver's `/metrics`
-/// (`dra_plugin_claim_duration_seconds{operation="prepare",result="success"}`).
+/// (`aws_dra_plugin_claim_duration_seconds{operation="prepare",result="success"}`).
 pub fn prepare_latency(metrics: &str) -> Option<(u64, f64)> {
     let value = |suffix: &str| -> Option<f64> {
         metrics.lines().find_map(|l| {
-            let rest = l.strip_prefix(&format!("dra_plugin_claim_duration_seconds_{suffix}{{"))?;
+            let rest =
+                l.strip_prefix(&format!("aws_dra_plugin_claim_duration_seconds_{suffix}{{"))?;
             let (labels, v) = rest.split_once('}')?;
             (labels.contains("operation=\"prepare\"") && labels.contains("result=\"success\""))
                 .then(|| v.trim().parse().ok())
@@ -210,10 +211,10 @@ mod tests {
     #[test]
     fn prepare_latency_reads_the_histogram() {
         let text = "# HELP x\n\
-            dra_plugin_claim_duration_seconds_sum{operation=\"unprepare\",result=\"success\"} 9\n\
-            dra_plugin_claim_duration_seconds_count{operation=\"unprepare\",result=\"success\"} 1\n\
-            dra_plugin_claim_duration_seconds_sum{operation=\"prepare\",result=\"success\"} 0.03\n\
-            dra_plugin_claim_duration_seconds_count{operation=\"prepare\",result=\"success\"} 3\n";
+            aws_dra_plugin_claim_duration_seconds_sum{operation=\"unprepare\",result=\"success\"} 9\n\
+            aws_dra_plugin_claim_duration_seconds_count{operation=\"unprepare\",result=\"success\"} 1\n\
+            aws_dra_plugin_claim_duration_seconds_sum{operation=\"prepare\",result=\"success\"} 0.03\n\
+            aws_dra_plugin_claim_duration_seconds_count{operation=\"prepare\",result=\"success\"} 3\n";
         let (n, ms) = prepare_latency(text).unwrap();
         assert_eq!(n, 3);
         assert!((ms - 10.0).abs() < 1e-9, "{ms}");

@@ -45,9 +45,9 @@ const SECOND_POD_RUNNING: Duration = Duration::from_secs(30);
 /// How often the checkpoint on the node is read while the device changes hands.
 const WATCH_EVERY: Duration = Duration::from_millis(20);
 
-/// `dra_plugin_device_release_waits_total{result}` from a driver's `/metrics`.
+/// `aws_dra_plugin_device_release_waits_total{result}` from a driver's `/metrics`.
 fn release_waits(metrics: &str, result: &str) -> u64 {
-    let prefix = format!("dra_plugin_device_release_waits_total{{result=\"{result}\"}}");
+    let prefix = format!("aws_dra_plugin_device_release_waits_total{{result=\"{result}\"}}");
     metrics
         .lines()
         .find_map(|l| l.strip_prefix(&prefix))
@@ -273,8 +273,8 @@ mod tests {
     #[test]
     fn release_waits_reads_the_counter() {
         let text = "# HELP x\n\
-            dra_plugin_device_release_waits_total{result=\"released\"} 3\n\
-            dra_plugin_device_release_waits_total{result=\"timed_out\"} 1\n";
+            aws_dra_plugin_device_release_waits_total{result=\"released\"} 3\n\
+            aws_dra_plugin_device_release_waits_total{result=\"timed_out\"} 1\n";
         assert_eq!(release_waits(text, "released"), 3);
         assert_eq!(release_waits(text, "timed_out"), 1);
         assert_eq!(release_waits("", "released"), 0);

@@ -180,7 +180,7 @@ async fn claims_total(
     labels: &str,
 ) -> Result<f64> {
     let metrics = tb.driver_metrics(node, kind).await?;
-    Ok(kit::gauge(&metrics, "dra_plugin_claims_total", labels).unwrap_or(0.0))
+    Ok(kit::gauge(&metrics, "aws_dra_plugin_claims_total", labels).unwrap_or(0.0))
 }
 
 fn print_upgrade(u: &ImageUpgrade, kind: DriverKind) {
