@@ -25,6 +25,7 @@ pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
     }
     got.sort();
     let want: Vec<(&str, &str, Vec<&str>)> = vec![
+        ("", "events", vec!["create"]),
         ("", "nodes", vec!["get"]),
         ("resource.k8s.io", "resourceclaims", vec!["get"]),
         (

@@ -3,10 +3,14 @@ Least-privilege access of the node plugin:
 - resourceclaims: get, to read a claim's allocation at prepare time (by name;
   no list or watch: kubelet names the claims);
 - resourceslices: what the publisher needs to reconcile its node's pool
-  (watch with a field selector on its node and driver, create, update, delete
-  stale slices). Which slices it may touch is narrowed further by the
+  (watch with a field selector on its node, all drivers, to see another
+  driver publishing the same hardware; create, update, delete its own stale
+  slices). Which slices it may touch is narrowed further by the
   ValidatingAdmissionPolicy: RBAC cannot express "only my node's objects";
-- nodes: get, to set the Node as owner of the slices (garbage collection).
+- nodes: get, to set the Node as owner of the slices (garbage collection);
+- events: create, for the Node event when another driver publishes the same
+  devices on the node (reason DevicesPublishedByAnotherDriver, namespace
+  default, as kubelet's Node events); never read, updated or deleted.
 */}}
 {{- define "dra-driver-lib.serviceaccount" -}}
 {{- if .Values.serviceAccount.create -}}
@@ -42,6 +46,9 @@ rules:
   - apiGroups: [""]
     resources: ["nodes"]
     verbs: ["get"]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
