@@ -23,6 +23,7 @@ mod allocate;
 mod bad_input;
 mod cel_agreement;
 mod charts;
+mod clash;
 mod health;
 pub mod kit;
 mod lifecycle;
@@ -148,6 +149,8 @@ scenarios! {
         => uninstall::slices_after_stop;
     s24_upgrade_while_held [] testbed [UpgradeDriverImage] "helm upgrade of both charts to a new image while 10 pods hold claims: no pod restarted, no failed prepare or unprepare"
         => upgrade::upgrade_while_held;
+    s25_no_silent_clash [] "a stand-in DRANET slice naming an EFA and a stand-in AWS Neuron slice in our pool: ours withdraw just those (gauge, Node event), never touch theirs, no EFA allocated twice, and come back when they go"
+        => clash::no_silent_clash;
 }
 
 /// The scenario called `name`.
