@@ -26,6 +26,7 @@ pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
     }
     got.sort();
     let want: Vec<(&str, &str, Vec<&str>)> = vec![
+        ("", "events", vec!["create"]),
         ("", "nodes", expect.node_verbs.to_vec()),
         ("resource.k8s.io", "resourceclaims", vec!["get"]),
         (

@@ -3,13 +3,17 @@ Least-privilege access of the node plugin:
 - resourceclaims: get, to read a claim's allocation at prepare time (by name;
   no list or watch: kubelet names the claims);
 - resourceslices: what the publisher needs to reconcile its node's pool
-  (watch with a field selector on its node and driver, create, update, delete
-  stale slices). Which slices it may touch is narrowed further by the
+  (watch with a field selector on its node, all drivers, to see another
+  driver publishing the same hardware; create, update, delete its own stale
+  slices). Which slices it may touch is narrowed further by the
   ValidatingAdmissionPolicy: RBAC cannot express "only my node's objects";
 - nodes: get, to set the Node as owner of the slices (garbage collection);
   the verbs come from "<chart name>.nodeVerbs": the Neuron driver also
   patches its own Node's UltraServer labels (the admission policy confines
   that to its own Node and those labels).
+- events: create, for the Node event when another driver publishes the same
+  devices on the node (reason DevicesPublishedByAnotherDriver, namespace
+  default, as kubelet's Node events); never read, updated or deleted.
 */}}
 {{- define "dra-driver-lib.serviceaccount" -}}
 {{- if .Values.serviceAccount.create -}}
@@ -45,6 +49,9 @@ rules:
   - apiGroups: [""]
     resources: ["nodes"]
     verbs: [{{ include (printf "%s.nodeVerbs" .Chart.Name) . }}]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create"]
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding

@@ -1,10 +1,19 @@
 //! The publisher task: keeps the node's pool in the API server equal to the
 //! driver's current devices.
 //!
-//! It lists and watches only its own slices (field selector
-//! `spec.nodeName=<node>,spec.driver=<driver>`) into a reflector store, and runs
-//! [`reconcile`] when the devices change, when a watch event arrives (someone
-//! else edited or deleted a slice: drift repair) and when a retry is due. API
+//! It lists and watches the slices of its node, of every driver (field
+//! selector `spec.nodeName=<node>`), into a reflector store, and runs
+//! [`reconcile`] on its own slices only ([`super::clash::own_slices`]) when
+//! the devices change, when a watch event arrives (someone else edited or
+//! deleted a slice: drift repair; another driver published on the node) and
+//! when a retry is due. The other drivers' slices are what the clash check
+//! ([`super::clash`]) needs: before each reconcile it withholds the devices
+//! another publisher already has (the whole pool when another writer uses
+//! our driver name), logs and reports each clash once when it starts (a
+//! warning, the `aws_dra_publish_withheld_devices` gauge, a Node event) and when it
+//! ends. Watching the node's slices of all drivers costs no extra API call:
+//! it is the same single watch with a wider selector, and a node carries a
+//! handful of slices. API
 //! errors are retried with capped exponential backoff and jitter: writes
 //! from 1 s up to 2 min, the watch from 0.5 s up to 5 s
 //! ([`BackoffConfig::WATCH`]). After an API server outage the watch's first
@@ -28,15 +37,24 @@ use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector};
-use prometheus::{Gauge, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::backoff::{Backoff, BackoffConfig, WatchBackoff};
+use super::clash::{
+    ClashSource, Clashes, FIELD_MANAGER, FOREIGN_PUBLISHERS, ForeignIdentity, find_clashes,
+    own_slices,
+};
 use super::desired::{DesiredPool, NodeOwner, PoolContent, desired_pool_with_counters};
 use super::reconcile::{SliceAction, reconcile};
 use super::validate::{is_dns_subdomain, log_issues};
@@ -75,6 +93,11 @@ pub struct PublishMetrics {
     /// `aws_dra_publish_taints_dropped`: 1 once the API server was seen dropping
     /// device taints (publishing continues without them).
     pub taints_dropped: IntGauge,
+    /// `aws_dra_publish_withheld_devices{other_driver}`: our devices not published
+    /// because that driver already publishes them on this node
+    /// ([`super::clash`]); 0 once the clash is over. Named with the project
+    /// prefix, not kubelet's `dra_`.
+    pub withheld_devices: IntGaugeVec,
 }
 
 impl PublishMetrics {
@@ -114,6 +137,13 @@ impl PublishMetrics {
                 "aws_dra_publish_taints_dropped",
                 "1 once the API server dropped the device taints the driver wrote (DRADeviceTaints off).",
             )?,
+            withheld_devices: IntGaugeVec::new(
+                Opts::new(
+                    "aws_dra_publish_withheld_devices",
+                    "Devices not published because another driver already publishes them on this node, by that driver.",
+                ),
+                &["other_driver"],
+            )?,
         };
         registry.register(Box::new(m.published_devices.clone()))?;
         registry.register(Box::new(m.publish_errors.clone()))?;
@@ -121,6 +151,7 @@ impl PublishMetrics {
         registry.register(Box::new(m.slice_writes.clone()))?;
         registry.register(Box::new(m.validation_issues.clone()))?;
         registry.register(Box::new(m.taints_dropped.clone()))?;
+        registry.register(Box::new(m.withheld_devices.clone()))?;
         Ok(m)
     }
 }
@@ -137,6 +168,9 @@ pub struct PublisherConfig {
     pub watch_backoff: BackoffConfig,
     /// Where the publisher reports.
     pub metrics: PublishMetrics,
+    /// Other drivers whose devices are matched to ours by PCI address
+    /// ([`FOREIGN_PUBLISHERS`] unless changed).
+    pub foreign: &'static [ForeignIdentity],
 }
 
 impl PublisherConfig {
@@ -164,25 +198,44 @@ impl PublisherConfig {
             backoff: BackoffConfig::default(),
             watch_backoff: BackoffConfig::WATCH,
             metrics,
+            foreign: FOREIGN_PUBLISHERS,
         })
     }
 
-    /// The field selector of the watch.
+    /// The field selector of the watch: every driver's slices on the node,
+    /// ours to reconcile, the others to find clashes.
     pub fn field_selector(&self) -> String {
-        format!(
-            "spec.nodeName={},spec.driver={}",
-            self.node_name, self.driver_name
-        )
+        format!("spec.nodeName={}", self.node_name)
     }
 
-    fn desired(&self, content: &PoolContent, taints_supported: bool) -> DesiredPool {
-        let stripped;
+    /// The desired pool for `content` less the devices in `withheld`; no
+    /// slice at all when the pool is withdrawn (another writer uses our
+    /// driver and pool name: even an empty slice of ours would join its pool).
+    fn desired(
+        &self,
+        content: &PoolContent,
+        taints_supported: bool,
+        withheld: &Withheld,
+    ) -> DesiredPool {
+        if withheld.pool {
+            return DesiredPool {
+                slices: Vec::new(),
+                issues: Vec::new(),
+                device_count: 0,
+            };
+        }
+        let kept: Vec<_> = content
+            .devices
+            .iter()
+            .filter(|d| !withheld.devices.contains(&d.name))
+            .cloned()
+            .collect();
         let devices = if taints_supported {
-            &content.devices
+            kept
         } else {
-            stripped = without_taints(&content.devices);
-            &stripped
+            without_taints(&kept)
         };
+        let devices = &devices;
         let pool = desired_pool_with_counters(
             &self.driver_name,
             &self.node_name,
@@ -209,6 +262,7 @@ pub async fn run(
     mut devices: watch::Receiver<PoolContent>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let events_api: Api<CoreEvent> = Api::namespaced(client.clone(), NODE_EVENT_NAMESPACE);
     let api: Api<ResourceSlice> = Api::all(client);
     let (store, writer) = reflector::store();
     let watch_config = watcher::Config::default().fields(&config.field_selector());
@@ -218,7 +272,11 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
 
     let mut taints_supported = true;
-    let mut desired = config.desired(&devices.borrow_and_update(), taints_supported);
+    // Recomputed (and its validation issues counted) only when the devices,
+    // the taint support or the withheld devices change; `None`: due.
+    let mut desired: Option<DesiredPool> = None;
+    devices.borrow_and_update();
+    let mut clash_report = ClashReport::default();
     let mut devices_open = true;
     let mut synced = false;
     let mut dirty = true;
@@ -231,16 +289,44 @@ pub async fn run(
     let metrics = &config.metrics;
     tracing::info!(node = %config.node_name, driver = %config.driver_name, "resourceslice publisher started");
 
-    loop {
+    'publish: loop {
         let now = Instant::now();
         if pending.expired(now) {
             pending.clear();
         }
         if dirty && synced && retry_at.is_none() && pending.is_empty() {
             dirty = false;
+            let snapshot = store.state();
+            let on_node: Vec<&ResourceSlice> = snapshot.iter().map(|s| &**s).collect();
+            let clashes = find_clashes(
+                &config.driver_name,
+                &config.node_name,
+                &on_node,
+                &devices.borrow().devices,
+                config.foreign,
+            );
+            let started = clash_report.update(&clashes, &config);
+            for (source, devs) in started {
+                tokio::select! {
+                    () = node_event(&events_api, &config, &source, &devs, clashes.pool_withdrawn()) => {}
+                    () = &mut shutdown => break 'publish,
+                }
+            }
+            let withheld = Withheld::of(&clashes);
+            if withheld != clash_report.withheld {
+                clash_report.withheld = withheld;
+                desired = None;
+            }
+            let pool = desired.get_or_insert_with(|| {
+                config.desired(&devices.borrow(), taints_supported, &clash_report.withheld)
+            });
             let observed: Vec<ResourceSlice> =
-                store.state().iter().map(|s| (**s).clone()).collect();
-            let actions = reconcile(&observed, &desired.slices);
+                own_slices(on_node, &config.driver_name, &config.node_name)
+                    .into_iter()
+                    .cloned()
+                    .collect();
+            let actions = reconcile(&observed, &pool.slices);
+            let device_count = pool.device_count;
             let applied = tokio::select! {
                 r = apply(&api, actions, &mut pending, metrics) => r,
                 () = &mut shutdown => break,
@@ -255,14 +341,14 @@ pub async fn run(
                          publishing without taints from now on, health still reaches kubelet"
                     );
                     metrics.taints_dropped.set(1);
-                    desired = config.desired(&devices.borrow(), taints_supported);
+                    desired = None;
                     dirty = true;
                 }
                 Ok(_) => {
                     backoff.reset();
                     metrics
                         .published_devices
-                        .set(i64::try_from(desired.device_count).unwrap_or(i64::MAX));
+                        .set(i64::try_from(device_count).unwrap_or(i64::MAX));
                     metrics.last_success.set(unix_now());
                 }
                 Err(()) => {
@@ -283,7 +369,8 @@ pub async fn run(
             () = &mut shutdown => break,
             changed = devices.changed(), if devices_open => match changed {
                 Ok(()) => {
-                    desired = config.desired(&devices.borrow_and_update(), taints_supported);
+                    devices.borrow_and_update();
+                    desired = None;
                     dirty = true;
                 }
                 Err(_) => {
@@ -325,6 +412,198 @@ pub async fn run(
         }
     }
     tracing::info!("resourceslice publisher stopped");
+}
+
+/// Every create and update names our field manager: the mark by which
+/// [`super::clash::is_ours`] knows our slices.
+fn write_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// Where Node events go: the namespace kubelet uses for its own Node events
+/// (a Node has none; `kubectl describe node` finds them there).
+pub const NODE_EVENT_NAMESPACE: &str = "default";
+
+/// Reason of the Node event when a clash starts.
+pub const CLASH_EVENT_REASON: &str = "DevicesPublishedByAnotherDriver";
+
+/// Longest wait for the Node event's create: the event is a courtesy, the
+/// pool must not wait for it.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most device names spelled out in a log line or an event message.
+const NAMES_SHOWN: usize = 16;
+
+/// The devices the desired pool leaves out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Withheld {
+    /// The whole pool: another writer uses our driver name.
+    pool: bool,
+    devices: BTreeSet<String>,
+}
+
+impl Withheld {
+    fn of(clashes: &Clashes) -> Self {
+        Withheld {
+            pool: clashes.pool_withdrawn(),
+            devices: clashes.withheld.keys().cloned().collect(),
+        }
+    }
+}
+
+/// The clashes seen so far, so that each is logged and reported once.
+#[derive(Debug, Default)]
+struct ClashReport {
+    active: BTreeMap<ClashSource, BTreeSet<String>>,
+    /// Every `other_driver` label set so far, so that an ended clash reads 0.
+    labels: BTreeSet<String>,
+    withheld: Withheld,
+}
+
+impl ClashReport {
+    /// Takes the new clashes in: logs each one that started (or now takes
+    /// more of our devices) and each one that ended, sets the gauge, and
+    /// returns the started ones (for the Node event).
+    fn update(
+        &mut self,
+        clashes: &Clashes,
+        config: &PublisherConfig,
+    ) -> Vec<(ClashSource, BTreeSet<String>)> {
+        let now = clashes.by_source();
+        let mut started = Vec::new();
+        for (source, devs) in &now {
+            let known = self.active.get(source);
+            if known.is_some_and(|k| devs.is_subset(k)) {
+                continue;
+            }
+            tracing::warn!(
+                driver = %config.driver_name,
+                node = %config.node_name,
+                other_driver = %source.driver,
+                other_slice = %source.slice,
+                pool_withdrawn = clashes.pool_withdrawn(),
+                devices = %names(devs),
+                "another driver publishes our devices on this node; not publishing them while it does"
+            );
+            started.push((source.clone(), devs.clone()));
+        }
+        for (source, devs) in &self.active {
+            if !now.contains_key(source) {
+                tracing::info!(
+                    driver = %config.driver_name,
+                    node = %config.node_name,
+                    other_driver = %source.driver,
+                    other_slice = %source.slice,
+                    devices = %names(devs),
+                    "the other driver's slice is gone; publishing these devices again"
+                );
+            }
+        }
+        let counts = clashes.count_by_driver();
+        self.labels.extend(counts.keys().cloned());
+        for label in &self.labels {
+            let n = counts.get(label).copied().unwrap_or(0);
+            config
+                .metrics
+                .withheld_devices
+                .with_label_values(&[label.as_str()])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        self.active = now;
+        started
+    }
+}
+
+/// `a, b, c` (and how many more).
+fn names(devices: &BTreeSet<String>) -> String {
+    let mut out: Vec<&str> = devices
+        .iter()
+        .take(NAMES_SHOWN)
+        .map(String::as_str)
+        .collect();
+    let more = devices.len().saturating_sub(NAMES_SHOWN);
+    let more = format!("and {more} more");
+    if devices.len() > NAMES_SHOWN {
+        out.push(&more);
+    }
+    out.join(", ")
+}
+
+/// The Node event of a clash that started. Best effort: a failure is
+/// logged, never retried (the warning in the log and the gauge remain).
+async fn node_event(
+    api: &Api<CoreEvent>,
+    config: &PublisherConfig,
+    source: &ClashSource,
+    devices: &BTreeSet<String>,
+    pool_withdrawn: bool,
+) {
+    let event = clash_event(config, source, devices, pool_withdrawn, Timestamp::now());
+    match tokio::time::timeout(EVENT_TIMEOUT, api.create(&PostParams::default(), &event)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "could not create the Node event of the clash"),
+        Err(_) => tracing::warn!("creating the Node event of the clash timed out"),
+    }
+}
+
+fn clash_event(
+    config: &PublisherConfig,
+    source: &ClashSource,
+    devices: &BTreeSet<String>,
+    pool_withdrawn: bool,
+    now: Timestamp,
+) -> CoreEvent {
+    let what = if pool_withdrawn {
+        format!(
+            "ResourceSlice {} of driver {} on this node was not written by this driver (same driver and pool name); \
+             all {} devices of this driver are withdrawn ({})",
+            source.slice,
+            source.driver,
+            config.driver_name,
+            names(devices)
+        )
+    } else {
+        format!(
+            "driver {} publishes devices of driver {} on this node (ResourceSlice {}); not publishing {} \
+             while it does, so that no device is allocated twice",
+            source.driver,
+            config.driver_name,
+            source.slice,
+            names(devices)
+        )
+    };
+    let node = &config.node_name;
+    CoreEvent {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{node}.")),
+            namespace: Some(NODE_EVENT_NAMESPACE.to_owned()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.clone()),
+            uid: config.node_owner.as_ref().map(|o| o.uid.clone()),
+            ..Default::default()
+        },
+        reason: Some(CLASH_EVENT_REASON.into()),
+        message: Some(what),
+        type_: Some("Warning".into()),
+        action: Some("WithholdDevices".into()),
+        source: Some(EventSource {
+            component: Some(config.driver_name.clone()),
+            host: Some(node.clone()),
+        }),
+        reporting_component: Some(config.driver_name.clone()),
+        reporting_instance: Some(node.clone()),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(1),
+        ..Default::default()
+    }
 }
 
 /// What one watch event changes in the loop's state.
@@ -400,18 +679,14 @@ async fn apply(
             SliceAction::Delete { .. } => (0, 0),
         };
         let result = match action {
-            SliceAction::Create(s) => api.create(&PostParams::default(), &s).await.map(|stored| {
+            SliceAction::Create(s) => api.create(&write_params(), &s).await.map(|stored| {
                 applied.taints_dropped |= taints_dropped(&s, &stored);
                 pending.wrote(&stored)
             }),
-            SliceAction::Update(s) => {
-                api.replace(&name, &PostParams::default(), &s)
-                    .await
-                    .map(|stored| {
-                        applied.taints_dropped |= taints_dropped(&s, &stored);
-                        pending.wrote(&stored)
-                    })
-            }
+            SliceAction::Update(s) => api.replace(&name, &write_params(), &s).await.map(|stored| {
+                applied.taints_dropped |= taints_dropped(&s, &stored);
+                pending.wrote(&stored)
+            }),
             SliceAction::Delete { name, uid } => {
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
@@ -639,10 +914,8 @@ mod tests {
             metrics.clone(),
         )
         .expect("valid");
-        assert_eq!(
-            c.field_selector(),
-            "spec.nodeName=ip-10-0-0-1.ec2.internal,spec.driver=efa.networking.k8s.aws"
-        );
+        // Every driver on the node: ours to reconcile, the others for clashes.
+        assert_eq!(c.field_selector(), "spec.nodeName=ip-10-0-0-1.ec2.internal");
         assert!(matches!(
             PublisherConfig::new("Bad_Driver", "n", None, metrics.clone()),
             Err(PublisherConfigError::InvalidDriverName(d)) if d == "Bad_Driver"
@@ -681,6 +954,7 @@ mod tests {
                 },
             ]),
             true,
+            &Withheld::default(),
         );
         assert_eq!(pool.device_count, 1);
         assert_eq!(
@@ -689,6 +963,204 @@ mod tests {
                 .with_label_values(&["device_dropped", "invalid_device_name"])
                 .get(),
             1
+        );
+    }
+
+    fn efa_device(name: &str, bdf: &str) -> Device {
+        use k8s_openapi::api::resource::v1::DeviceAttribute;
+        Device {
+            name: name.into(),
+            attributes: Some(
+                [(
+                    crate::publish::clash::PCI_BUS_ID.to_string(),
+                    DeviceAttribute {
+                        string: Some(bdf.into()),
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn withheld_devices_leave_the_pool_and_a_withdrawn_pool_has_no_slice() {
+        let reg = Registry::new();
+        let metrics = PublishMetrics::register(&reg).expect("register");
+        let c = PublisherConfig::new("efa.networking.k8s.aws", "n", None, metrics).expect("valid");
+        let content = PoolContent::devices(vec![
+            efa_device("efa-a", "0000:10:1b.0"),
+            efa_device("efa-b", "0000:20:1b.0"),
+        ]);
+        let some = Withheld {
+            pool: false,
+            devices: BTreeSet::from(["efa-a".to_string()]),
+        };
+        let pool = c.desired(&content, true, &some);
+        let names: Vec<&str> = pool
+            .slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .map(|d| d.name.as_str())
+            .collect();
+        assert_eq!(names, ["efa-b"]);
+        assert_eq!(pool.device_count, 1);
+        // Every device withheld but the pool ours: an empty pool, one slice.
+        let all = Withheld {
+            pool: false,
+            devices: BTreeSet::from(["efa-a".to_string(), "efa-b".to_string()]),
+        };
+        assert_eq!(c.desired(&content, true, &all).slices.len(), 1);
+        let withdrawn = Withheld {
+            pool: true,
+            devices: all.devices.clone(),
+        };
+        let pool = c.desired(&content, true, &withdrawn);
+        assert!(pool.slices.is_empty());
+        // ... which reconcile turns into deleting our slices, and only ours.
+        let ours = c.desired(&content, true, &Withheld::default()).slices;
+        let actions = reconcile(&ours, &pool.slices);
+        assert!(actions.iter().all(|a| a.verb() == "delete"));
+        assert_eq!(actions.len(), ours.len());
+    }
+
+    fn dranet_slice(name: &str, bdfs: &[&str]) -> ResourceSlice {
+        use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceSliceSpec};
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: "dra.net".into(),
+                node_name: Some("n".into()),
+                devices: Some(
+                    bdfs.iter()
+                        .map(|b| Device {
+                            name: format!("pci-{}", b.replace([':', '.'], "-")),
+                            attributes: Some(
+                                [(
+                                    "dra.net/pciAddress".to_string(),
+                                    DeviceAttribute {
+                                        string: Some((*b).into()),
+                                        ..Default::default()
+                                    },
+                                )]
+                                .into(),
+                            ),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn each_clash_is_reported_once_and_the_gauge_clears() {
+        let reg = Registry::new();
+        let metrics = PublishMetrics::register(&reg).expect("register");
+        let c = PublisherConfig::new("efa.networking.k8s.aws", "n", None, metrics.clone())
+            .expect("valid");
+        let ours = vec![
+            efa_device("efa-a", "0000:10:1b.0"),
+            efa_device("efa-b", "0000:20:1b.0"),
+        ];
+        let gauge = || {
+            metrics
+                .withheld_devices
+                .with_label_values(&["dra.net"])
+                .get()
+        };
+        let mut report = ClashReport::default();
+        let clashes = |slices: &[ResourceSlice]| {
+            let refs: Vec<&ResourceSlice> = slices.iter().collect();
+            find_clashes(
+                c.driver_name.as_str(),
+                "n",
+                &refs,
+                &ours,
+                FOREIGN_PUBLISHERS,
+            )
+        };
+        // (slices on the node, clashes reported as started, gauge after)
+        let steps: Vec<(Vec<ResourceSlice>, usize, i64)> = vec![
+            (vec![], 0, 0),
+            (vec![dranet_slice("d", &["0000:10:1b.0"])], 1, 1),
+            // The same clash again (any watch event): not reported again.
+            (vec![dranet_slice("d", &["0000:10:1b.0"])], 0, 1),
+            // It takes one more device of ours: reported, with both.
+            (
+                vec![dranet_slice("d", &["0000:10:1b.0", "0000:20:1b.0"])],
+                1,
+                2,
+            ),
+            // Shrinks: nothing new to say.
+            (vec![dranet_slice("d", &["0000:20:1b.0"])], 0, 1),
+            // Gone: the gauge reads 0, not a stale value.
+            (vec![], 0, 0),
+            // Back: a new clash.
+            (vec![dranet_slice("d", &["0000:20:1b.0"])], 1, 1),
+        ];
+        for (i, (slices, want_started, want_gauge)) in steps.into_iter().enumerate() {
+            let started = report.update(&clashes(&slices), &c);
+            assert_eq!(started.len(), want_started, "step {i}");
+            assert_eq!(gauge(), want_gauge, "step {i}");
+        }
+        let text = {
+            use prometheus::Encoder;
+            let mut buf = Vec::new();
+            prometheus::TextEncoder::new()
+                .encode(&reg.gather(), &mut buf)
+                .expect("encode");
+            String::from_utf8(buf).expect("utf8")
+        };
+        assert!(
+            text.contains("aws_dra_publish_withheld_devices{other_driver=\"dra.net\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_node_event_names_the_other_driver_and_the_devices() {
+        let reg = Registry::new();
+        let metrics = PublishMetrics::register(&reg).expect("register");
+        let owner = NodeOwner {
+            name: "n".into(),
+            uid: "node-uid".into(),
+        };
+        let c = PublisherConfig::new("efa.networking.k8s.aws", "n", Some(owner), metrics)
+            .expect("valid");
+        let source = ClashSource {
+            driver: "dra.net".into(),
+            slice: "n-dra.net-abcde".into(),
+        };
+        let devices: BTreeSet<String> = (0..20).map(|i| format!("efa-{i:02}")).collect();
+        let e = clash_event(&c, &source, &devices, false, Timestamp::UNIX_EPOCH);
+        assert_eq!(e.reason.as_deref(), Some(CLASH_EVENT_REASON));
+        assert_eq!(e.type_.as_deref(), Some("Warning"));
+        assert_eq!(e.metadata.namespace.as_deref(), Some(NODE_EVENT_NAMESPACE));
+        assert_eq!(e.involved_object.kind.as_deref(), Some("Node"));
+        assert_eq!(e.involved_object.name.as_deref(), Some("n"));
+        assert_eq!(e.involved_object.uid.as_deref(), Some("node-uid"));
+        let message = e.message.unwrap_or_default();
+        assert!(
+            message.contains("dra.net")
+                && message.contains("n-dra.net-abcde")
+                && message.contains("efa-00")
+                && message.contains("efa-15")
+                && !message.contains("efa-16")
+                && message.contains("and 4 more"),
+            "{message}"
+        );
+        let withdrawn = clash_event(&c, &source, &devices, true, Timestamp::UNIX_EPOCH);
+        assert!(
+            withdrawn
+                .message
+                .unwrap_or_default()
+                .contains("all efa.networking.k8s.aws devices")
         );
     }
 }

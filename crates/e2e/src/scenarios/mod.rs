@@ -24,6 +24,7 @@ mod aws_claims;
 mod bad_input;
 mod cel_agreement;
 mod charts;
+mod clash;
 mod health;
 pub mod kit;
 mod lifecycle;
@@ -149,9 +150,11 @@ scenarios! {
         => uninstall::slices_after_stop;
     s24_upgrade_while_held [] testbed [UpgradeDriverImage] "helm upgrade of both charts to a new image while 10 pods hold claims: no pod restarted, no failed prepare or unprepare"
         => upgrade::upgrade_while_held;
-    s25_aws_neuron_claims [] "claims shaped like AWS's Neuron DRA examples (neurondeviceN, topology4_id/8_id, v1alphav1 configs) run unchanged on trn2"
+    s25_no_silent_clash [] "a stand-in DRANET slice naming an EFA and a stand-in AWS Neuron slice in our pool: ours withdraw just those (gauge, Node event), never touch theirs, no EFA allocated twice, and come back when they go"
+        => clash::no_silent_clash;
+    s26_aws_neuron_claims [] "claims shaped like AWS's Neuron DRA examples (neurondeviceN, topology4_id/8_id, v1alphav1 configs) run unchanged on trn2"
         => aws_claims::aws_neuron_claims;
-    s26_ultraserver [PartitionableDevices] "4 trn2u kubelets of one UltraServer: groups of 4 and of 2 whole-node pods each on one set with consistent ids; an unsupported mode is refused by name"
+    s27_ultraserver [PartitionableDevices] "4 trn2u kubelets of one UltraServer: groups of 4 and of 2 whole-node pods each on one set with consistent ids; an unsupported mode is refused by name"
         => aws_claims::ultraserver;
 }
 

@@ -1,0 +1,658 @@
+//! No silent clash: which of our devices another driver already publishes.
+//!
+//! Two publishers of one piece of hardware on one node are worse than
+//! either alone:
+//!
+//! * AWS's Neuron DRA driver uses our driver name (`neuron.aws.com`) and our
+//!   pool name (the node name). Each reconciler would delete the other's
+//!   slices as stale, and the scheduler would see one pool with two
+//!   writers. Every device of ours is then in the clash (same pool), so we
+//!   withdraw the whole pool and never touch their slices.
+//! * DRANET (`dra.net`) publishes the node's EFAs under its own name. The
+//!   scheduler would hand one EFA to a claim through each driver. We
+//!   withhold exactly the devices whose PCI address it lists.
+//!
+//! Everything here is pure: the slices the publisher's watch sees (every
+//! driver on this node) and our devices in, the devices to withhold and
+//! why out, so that each rule is a table test. The publisher
+//! ([`super::publisher`]) logs, counts and reports the result.
+//!
+//! **Which slices are ours.** A slice of our driver on our node is ours when
+//! its `managedFields` name our field manager [`FIELD_MANAGER`] (set on every
+//! write since this check exists), or when its name is one of the
+//! deterministic names we give our slices ([`super::slice_name`]:
+//! `<node>-<driver>-<index>`): that covers slices written by a version
+//! without the field manager, and slices whose fields someone else has since
+//! taken over entirely. A publisher built on Kubernetes' Go helper
+//! (`k8s.io/dynamic-resource-allocation/resourceslice`) names its slices
+//! with `generateName` `<node>-<driver>-` and five random characters, never
+//! a plain index, so it is never taken for us. A foreign publisher that chose
+//! exactly our names would be taken for us; it would also collide with our
+//! creates, which the publisher reports as failed writes.
+//!
+//! **Foreign identities** are data ([`FOREIGN_PUBLISHERS`]): a driver name
+//! and the attributes that hold a device's PCI address in its slices. A
+//! third driver is one more row.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+
+use super::desired::slice_name;
+
+/// Field manager of every write of the publisher: the positive mark of our
+/// slices in their `managedFields`.
+pub const FIELD_MANAGER: &str = "aws-dra-publisher";
+
+/// The standard attribute that holds a device's PCI address, on our devices.
+pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+
+/// Highest slice index recognised by name alone: far above any real pool
+/// (a trn2 pool is 3 device slices and 2 counter slices), and short enough
+/// that the five random characters of a `generateName` never match.
+const MAX_INDEX_BY_NAME: usize = 999;
+
+/// Another driver that may publish our hardware, and where its slices say
+/// which PCI device a device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignIdentity {
+    /// Its driver name (`spec.driver`).
+    pub driver: &'static str,
+    /// Fully qualified attribute names holding a PCI address
+    /// (`DDDD:BB:DD.F`); an unqualified name in its slices is in its own
+    /// domain, as the API defines.
+    pub pci_attributes: &'static [&'static str],
+}
+
+/// The drivers whose devices are matched to ours by PCI address.
+pub const FOREIGN_PUBLISHERS: &[ForeignIdentity] = &[ForeignIdentity {
+    // DRANET: its own attribute, and the standard one where it sets it.
+    driver: "dra.net",
+    pci_attributes: &["dra.net/pciAddress", PCI_BUS_ID],
+}];
+
+/// Why a device of ours is withheld.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ClashReason {
+    /// A slice of our own driver on our node that we did not write: the
+    /// pool is someone else's, every device of ours is withheld.
+    SameDriver,
+    /// A device of another driver with our device's PCI address.
+    SamePciAddress {
+        /// Their device's name.
+        device: String,
+        /// The PCI address both publish (normalised, lower case).
+        pci_address: String,
+    },
+}
+
+/// One foreign slice that clashes with us: the unit that is logged and
+/// reported once when it appears.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ClashSource {
+    /// Its driver.
+    pub driver: String,
+    /// Its name.
+    pub slice: String,
+}
+
+/// What [`find_clashes`] decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Clashes {
+    /// Foreign slices of our own driver: when any, the whole pool is withdrawn.
+    pub same_driver: BTreeSet<ClashSource>,
+    /// Our devices to withhold, each with the foreign slice and the reason.
+    pub withheld: BTreeMap<String, Vec<(ClashSource, ClashReason)>>,
+}
+
+impl Clashes {
+    /// No clash at all.
+    pub fn is_empty(&self) -> bool {
+        self.same_driver.is_empty() && self.withheld.is_empty()
+    }
+
+    /// Our pool must not exist: another publisher owns it.
+    pub fn pool_withdrawn(&self) -> bool {
+        !self.same_driver.is_empty()
+    }
+
+    /// Each foreign slice with the devices of ours it clashes with.
+    pub fn by_source(&self) -> BTreeMap<ClashSource, BTreeSet<String>> {
+        let mut out: BTreeMap<ClashSource, BTreeSet<String>> = BTreeMap::new();
+        for (device, reasons) in &self.withheld {
+            for (source, _) in reasons {
+                out.entry(source.clone())
+                    .or_default()
+                    .insert(device.clone());
+            }
+        }
+        for source in &self.same_driver {
+            out.entry(source.clone()).or_default();
+        }
+        out
+    }
+
+    /// Withheld devices by the other driver's name (the metric's label).
+    pub fn count_by_driver(&self) -> BTreeMap<String, usize> {
+        let mut out: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+        for (device, reasons) in &self.withheld {
+            for (source, _) in reasons {
+                out.entry(source.driver.clone())
+                    .or_default()
+                    .insert(device.as_str());
+            }
+        }
+        out.into_iter().map(|(d, s)| (d, s.len())).collect()
+    }
+}
+
+/// Is `slice` (of our driver, on our node) one we wrote? See the module docs.
+pub fn is_ours(slice: &ResourceSlice, driver: &str, node: &str) -> bool {
+    let by_manager = slice
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|m| m.manager.as_deref() == Some(FIELD_MANAGER));
+    by_manager
+        || slice
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|name| is_our_slice_name(name, driver, node))
+}
+
+/// One of `slice_name(node, driver, i)` for a small `i`.
+fn is_our_slice_name(name: &str, driver: &str, node: &str) -> bool {
+    let Some((_, index)) = name.rsplit_once('-') else {
+        return false;
+    };
+    let plain_index = !index.is_empty()
+        && index.bytes().all(|b| b.is_ascii_digit())
+        && (index == "0" || !index.starts_with('0'));
+    plain_index
+        && index
+            .parse::<usize>()
+            .is_ok_and(|i| i <= MAX_INDEX_BY_NAME && slice_name(node, driver, i) == name)
+}
+
+/// Our slices among `observed` (every slice on our node, any driver): the
+/// only ones the reconciler may see, and so the only ones it may change.
+pub fn own_slices<'a>(
+    observed: impl IntoIterator<Item = &'a ResourceSlice>,
+    driver: &str,
+    node: &str,
+) -> Vec<&'a ResourceSlice> {
+    observed
+        .into_iter()
+        .filter(|s| s.spec.driver == driver && is_ours(s, driver, node))
+        .collect()
+}
+
+/// Decides which of `ours` (our devices) another publisher already has on
+/// `node`, from `observed` (every slice the watch holds for the node).
+pub fn find_clashes(
+    driver: &str,
+    node: &str,
+    observed: &[&ResourceSlice],
+    ours: &[Device],
+    foreign: &[ForeignIdentity],
+) -> Clashes {
+    let mut clashes = Clashes::default();
+    let on_node = |s: &ResourceSlice| s.spec.node_name.as_deref() == Some(node);
+
+    for s in observed.iter().filter(|s| on_node(s)) {
+        if s.spec.driver == driver && !is_ours(s, driver, node) {
+            clashes.same_driver.insert(source(s));
+        }
+    }
+    if clashes.pool_withdrawn() {
+        let first = clashes.same_driver.iter().next().cloned();
+        if let Some(first) = first {
+            for d in ours {
+                clashes
+                    .withheld
+                    .entry(d.name.clone())
+                    .or_default()
+                    .push((first.clone(), ClashReason::SameDriver));
+            }
+        }
+        return clashes;
+    }
+
+    // PCI address -> our devices with it.
+    let mut our_pci: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+    for d in ours {
+        if let Some(pci) = attribute_string(d, driver, PCI_BUS_ID).and_then(normalise_pci) {
+            our_pci.entry(pci).or_default().push(d.name.as_str());
+        }
+    }
+    if our_pci.is_empty() {
+        return clashes;
+    }
+    for s in observed.iter().filter(|s| on_node(s)) {
+        let Some(identity) = foreign.iter().find(|f| f.driver == s.spec.driver) else {
+            continue;
+        };
+        if identity.driver == driver {
+            // Our own name is the same-driver rule above, never a PCI match.
+            continue;
+        }
+        for theirs in s.spec.devices.iter().flatten() {
+            let addresses: BTreeSet<String> = identity
+                .pci_attributes
+                .iter()
+                .filter_map(|a| attribute_string(theirs, identity.driver, a))
+                .filter_map(normalise_pci)
+                .collect();
+            for pci in addresses {
+                for name in our_pci.get(&pci).into_iter().flatten() {
+                    clashes
+                        .withheld
+                        .entry((*name).to_owned())
+                        .or_default()
+                        .push((
+                            source(s),
+                            ClashReason::SamePciAddress {
+                                device: theirs.name.clone(),
+                                pci_address: pci.clone(),
+                            },
+                        ));
+                }
+            }
+        }
+    }
+    for reasons in clashes.withheld.values_mut() {
+        reasons.sort();
+        reasons.dedup();
+    }
+    clashes
+}
+
+fn source(s: &ResourceSlice) -> ClashSource {
+    ClashSource {
+        driver: s.spec.driver.clone(),
+        slice: s.metadata.name.clone().unwrap_or_default(),
+    }
+}
+
+/// A string attribute by its fully qualified name; an unqualified key in a
+/// slice of `driver` is in `driver`'s domain.
+fn attribute_string(d: &Device, driver: &str, qualified: &str) -> Option<String> {
+    let attrs = d.attributes.as_ref()?;
+    let found = attrs.get(qualified).or_else(|| {
+        let (domain, name) = qualified.split_once('/')?;
+        (domain == driver).then(|| attrs.get(name)).flatten()
+    })?;
+    found.string.clone()
+}
+
+/// `DDDD:BB:DD.F`, lower case; a bare `BB:DD.F` gets domain `0000`.
+/// Anything else is not a PCI address and matches nothing.
+fn normalise_pci(raw: String) -> Option<String> {
+    let s = raw.trim().to_ascii_lowercase();
+    let full = match s.matches(':').count() {
+        1 => format!("0000:{s}"),
+        2 => s,
+        _ => return None,
+    };
+    let (domain, rest) = full.split_once(':')?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (dev, func) = rest.split_once('.')?;
+    let hex = |x: &str, len: usize| x.len() == len && x.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(domain, 4) && hex(bus, 2) && hex(dev, 2) && func.len() == 1 && hex(func, 1))
+        .then_some(full)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourcePool, ResourceSliceSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+
+    const NODE: &str = "ip-10-0-0-1";
+    const EFA: &str = "efa.networking.k8s.aws";
+    const NEURON: &str = "neuron.aws.com";
+
+    fn device(name: &str, attrs: &[(&str, &str)]) -> Device {
+        Device {
+            name: name.into(),
+            attributes: Some(
+                attrs
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            (*k).to_string(),
+                            DeviceAttribute {
+                                string: Some((*v).to_string()),
+                                ..Default::default()
+                            },
+                        )
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn efa(bdf: &str) -> Device {
+        let name = format!("efa-{}", bdf.replace([':', '.'], "-"));
+        device(&name, &[(PCI_BUS_ID, bdf)])
+    }
+
+    fn slice(
+        name: &str,
+        driver: &str,
+        manager: Option<&str>,
+        devices: Vec<Device>,
+    ) -> ResourceSlice {
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                managed_fields: manager.map(|m| {
+                    vec![ManagedFieldsEntry {
+                        manager: Some(m.into()),
+                        operation: Some("Update".into()),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: driver.into(),
+                node_name: Some(NODE.into()),
+                pool: ResourcePool {
+                    name: NODE.into(),
+                    generation: 1,
+                    resource_slice_count: 1,
+                },
+                devices: Some(devices),
+                ..Default::default()
+            },
+        }
+    }
+
+    fn ours() -> Vec<Device> {
+        vec![
+            efa("0000:10:1b.0"),
+            efa("0000:20:1b.0"),
+            efa("0000:30:1b.0"),
+        ]
+    }
+
+    /// (observed slices, our driver, expected withheld devices, expected sources)
+    #[test]
+    fn decision_table() {
+        let dranet = |name: &str, devs: Vec<Device>| slice(name, "dra.net", Some("dranet"), devs);
+        type Case = (
+            &'static str,
+            Vec<ResourceSlice>,
+            &'static str,
+            Vec<&'static str>,
+            Vec<(&'static str, &'static str)>,
+        );
+        let cases: Vec<Case> = vec![
+            ("nothing else on the node", vec![], EFA, vec![], vec![]),
+            (
+                "our own slice, by field manager",
+                vec![slice("x-anything", EFA, Some(FIELD_MANAGER), vec![])],
+                EFA,
+                vec![],
+                vec![],
+            ),
+            (
+                "our own slice, by deterministic name (older version, no field manager)",
+                vec![slice(
+                    &format!("{NODE}-{EFA}-0"),
+                    EFA,
+                    Some("kube-rs"),
+                    vec![],
+                )],
+                EFA,
+                vec![],
+                vec![],
+            ),
+            (
+                "DRANET lists one of our EFAs (qualified attribute)",
+                vec![dranet(
+                    "n-dra.net-abcde",
+                    vec![
+                        device(
+                            "pci-0000-20-1b-0",
+                            &[("dra.net/pciAddress", "0000:20:1b.0")],
+                        ),
+                        device("eth0", &[("dra.net/pciAddress", "0000:00:05.0")]),
+                    ],
+                )],
+                EFA,
+                vec!["efa-0000-20-1b-0"],
+                vec![("dra.net", "n-dra.net-abcde")],
+            ),
+            (
+                "DRANET, unqualified attribute in its own domain, upper case",
+                vec![dranet(
+                    "d",
+                    vec![device("p", &[("pciAddress", "0000:30:1B.0")])],
+                )],
+                EFA,
+                vec!["efa-0000-30-1b-0"],
+                vec![("dra.net", "d")],
+            ),
+            (
+                "DRANET, only the standard pciBusID",
+                vec![dranet(
+                    "d",
+                    vec![device("p", &[(PCI_BUS_ID, "0000:10:1b.0")])],
+                )],
+                EFA,
+                vec!["efa-0000-10-1b-0"],
+                vec![("dra.net", "d")],
+            ),
+            (
+                "a driver not in the table is ignored even with our PCI address",
+                vec![slice(
+                    "g",
+                    "gpu.nvidia.com",
+                    Some("x"),
+                    vec![device("gpu-0", &[(PCI_BUS_ID, "0000:10:1b.0")])],
+                )],
+                EFA,
+                vec![],
+                vec![],
+            ),
+            (
+                "an unqualified pciBusID of another domain is not the standard one",
+                vec![dranet(
+                    "d",
+                    vec![device("p", &[("pciBusID", "0000:10:1b.0")])],
+                )],
+                EFA,
+                vec![],
+                vec![],
+            ),
+            (
+                "garbage PCI address matches nothing",
+                vec![dranet(
+                    "d",
+                    vec![device("p", &[("dra.net/pciAddress", "10:1b")])],
+                )],
+                EFA,
+                vec![],
+                vec![],
+            ),
+            (
+                "a foreign slice of our driver: the whole pool is withheld",
+                vec![
+                    slice(&format!("{NODE}-{EFA}-0"), EFA, Some(FIELD_MANAGER), vec![]),
+                    slice(
+                        &format!("{NODE}-{EFA}-x7k2q"),
+                        EFA,
+                        Some("neuron-dra"),
+                        vec![],
+                    ),
+                ],
+                EFA,
+                vec!["efa-0000-10-1b-0", "efa-0000-20-1b-0", "efa-0000-30-1b-0"],
+                vec![(EFA, "ip-10-0-0-1-efa.networking.k8s.aws-x7k2q")],
+            ),
+            (
+                "the Go helper's generateName of five digits is not an index of ours",
+                vec![slice(
+                    &format!("{NODE}-{EFA}-24567"),
+                    EFA,
+                    Some("neuron-dra"),
+                    vec![],
+                )],
+                EFA,
+                vec!["efa-0000-10-1b-0", "efa-0000-20-1b-0", "efa-0000-30-1b-0"],
+                vec![(EFA, "ip-10-0-0-1-efa.networking.k8s.aws-24567")],
+            ),
+            (
+                "a slice of our driver on another node is none of our business",
+                vec![{
+                    let mut s = slice("other", EFA, Some("x"), vec![]);
+                    s.spec.node_name = Some("other-node".into());
+                    s
+                }],
+                EFA,
+                vec![],
+                vec![],
+            ),
+            (
+                "DRANET is matched for any of our drivers (data, not per driver)",
+                vec![dranet(
+                    "d",
+                    vec![device("p", &[("dra.net/pciAddress", "0000:10:1b.0")])],
+                )],
+                NEURON,
+                vec!["efa-0000-10-1b-0"],
+                vec![("dra.net", "d")],
+            ),
+        ];
+        for (what, observed, driver, want_devices, want_sources) in cases {
+            let refs: Vec<&ResourceSlice> = observed.iter().collect();
+            let c = find_clashes(driver, NODE, &refs, &ours(), FOREIGN_PUBLISHERS);
+            let got: Vec<&str> = c.withheld.keys().map(String::as_str).collect();
+            assert_eq!(got, want_devices, "{what}");
+            let sources: Vec<(String, String)> = c
+                .by_source()
+                .into_keys()
+                .map(|s| (s.driver, s.slice))
+                .collect();
+            let want: Vec<(String, String)> = want_sources
+                .iter()
+                .map(|(d, s)| ((*d).to_string(), (*s).to_string()))
+                .collect();
+            assert_eq!(sources, want, "{what}");
+            assert_eq!(
+                c.is_empty(),
+                want_devices.is_empty() && want.is_empty(),
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
+    fn reasons_name_the_other_device_and_address() {
+        let s = slice(
+            "d",
+            "dra.net",
+            None,
+            vec![device(
+                "pci-0000-20-1b-0",
+                &[
+                    ("dra.net/pciAddress", "0000:20:1b.0"),
+                    (PCI_BUS_ID, "0000:20:1b.0"),
+                ],
+            )],
+        );
+        let c = find_clashes(EFA, NODE, &[&s], &ours(), FOREIGN_PUBLISHERS);
+        // Both attributes name the same address: one reason, not two.
+        assert_eq!(
+            c.withheld["efa-0000-20-1b-0"],
+            vec![(
+                ClashSource {
+                    driver: "dra.net".into(),
+                    slice: "d".into()
+                },
+                ClashReason::SamePciAddress {
+                    device: "pci-0000-20-1b-0".into(),
+                    pci_address: "0000:20:1b.0".into()
+                }
+            )]
+        );
+        assert_eq!(
+            c.count_by_driver(),
+            BTreeMap::from([("dra.net".to_string(), 1)])
+        );
+        assert!(!c.pool_withdrawn());
+    }
+
+    #[test]
+    fn a_third_driver_is_one_more_row() {
+        const TABLE: &[ForeignIdentity] = &[ForeignIdentity {
+            driver: "nic.example.com",
+            pci_attributes: &["nic.example.com/bdf"],
+        }];
+        let s = slice(
+            "n",
+            "nic.example.com",
+            None,
+            vec![device("nic0", &[("bdf", "10:1b.0")])],
+        );
+        let c = find_clashes(EFA, NODE, &[&s], &ours(), TABLE);
+        assert_eq!(c.withheld.keys().collect::<Vec<_>>(), ["efa-0000-10-1b-0"]);
+        // The default table does not know it.
+        assert!(find_clashes(EFA, NODE, &[&s], &ours(), FOREIGN_PUBLISHERS).is_empty());
+    }
+
+    #[test]
+    fn own_slices_leave_foreign_ones_out() {
+        let mine = slice(&format!("{NODE}-{NEURON}-1"), NEURON, None, vec![]);
+        let marked = slice("renamed", NEURON, Some(FIELD_MANAGER), vec![]);
+        let theirs = slice(
+            &format!("{NODE}-{NEURON}-abcde"),
+            NEURON,
+            Some("neuron-dra"),
+            vec![],
+        );
+        let other_driver = slice(&format!("{NODE}-{EFA}-0"), EFA, None, vec![]);
+        let all = [mine, marked, theirs, other_driver];
+        let names: Vec<&str> = own_slices(&all, NEURON, NODE)
+            .into_iter()
+            .filter_map(|s| s.metadata.name.as_deref())
+            .collect();
+        assert_eq!(names, [format!("{NODE}-{NEURON}-1").as_str(), "renamed"]);
+    }
+
+    #[test]
+    fn slice_names_by_index() {
+        for (name, ours) in [
+            (format!("{NODE}-{EFA}-0"), true),
+            (format!("{NODE}-{EFA}-12"), true),
+            (format!("{NODE}-{EFA}-999"), true),
+            (format!("{NODE}-{EFA}-1000"), false),
+            (format!("{NODE}-{EFA}-01"), false),
+            (format!("{NODE}-{EFA}-"), false),
+            (format!("other-{EFA}-0"), false),
+            (format!("{NODE}-{NEURON}-0"), false),
+        ] {
+            assert_eq!(is_our_slice_name(&name, EFA, NODE), ours, "{name}");
+        }
+    }
+
+    #[test]
+    fn pci_addresses_normalise() {
+        for (raw, want) in [
+            ("0000:10:1b.0", Some("0000:10:1b.0")),
+            (" 0000:10:1B.0\n", Some("0000:10:1b.0")),
+            ("10:1b.0", Some("0000:10:1b.0")),
+            ("0000:10:1b", None),
+            ("0000:10:1b.00", None),
+            ("zzzz:10:1b.0", None),
+            ("", None),
+        ] {
+            assert_eq!(normalise_pci(raw.to_string()).as_deref(), want, "{raw:?}");
+        }
+    }
+}
