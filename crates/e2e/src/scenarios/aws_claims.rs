@@ -1,5 +1,5 @@
-//! Claims written for AWS's Neuron DRA driver, unchanged, on ours (25), and
-//! Trn2 UltraServers (26): four trn2u kubelets of one UltraServer, groups of
+//! Claims written for AWS's Neuron DRA driver, unchanged, on ours (26), and
+//! Trn2 UltraServers (27): four trn2u kubelets of one UltraServer, groups of
 //! 4 and of 2 pods each on one set with consistent ids, and the clear
 //! refusal of a mode a node does not support.
 //!
@@ -37,7 +37,7 @@ fn pod_name(objs: &[Value]) -> Result<String> {
         .ok_or_else(|| anyhow!("example without a pod"))
 }
 
-/// Scenario 25: every claim shape of `examples/aws-neuron` (as AWS's Neuron
+/// Scenario 26: every claim shape of `examples/aws-neuron` (as AWS's Neuron
 /// DRA examples write them) runs on trn2 and gets what it asked for.
 pub async fn aws_neuron_claims(tb: &impl Testbed, ns: &str) -> Result<()> {
     let published = kit::devices(tb, "trn2", DriverKind::Neuron).await?;
@@ -203,7 +203,7 @@ async fn run_group(
     Ok(out)
 }
 
-/// Scenario 26: a Trn2 UltraServer of 4 kubelets.
+/// Scenario 27: a Trn2 UltraServer of 4 kubelets.
 pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
     for (name, fixture) in ULTRASERVER {
         tb.ensure_node(name, fixture, &[DriverKind::Neuron]).await?;
