@@ -96,6 +96,35 @@ pub fn check(helm: &Helm, root: &Path) -> Result<()> {
                 "deviceClasses.extra[0].name=Bad_Name",
                 "a DeviceClass name that is not a DNS subdomain",
             ),
+            (
+                "image.digest=latest",
+                "an image digest that is not sha256:<hex>",
+            ),
+            (
+                "resources.limits.cpu=lots",
+                "a CPU limit that is not a quantity",
+            ),
+            (
+                "securityContext.selinuxOptions.type=super_t",
+                "a misspelt securityContext field",
+            ),
+            (
+                "podSecurityContext.runAsUser=-1",
+                "a negative UID in podSecurityContext",
+            ),
+            (
+                "nodeAffinity.excludeComputeTypes=fargate",
+                "excluded compute types that are not a list",
+            ),
+            (
+                "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=a,affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Like",
+                "a node selector operator Kubernetes does not have",
+            ),
+            ("affinity.nodeAfinity.x=y", "a misspelt affinity field"),
+            (
+                "networkPolicy.metricsFrom[0].podSelectr.app=prometheus",
+                "a misspelt NetworkPolicy peer field",
+            ),
         ] {
             let args = ["lint", "--strict", path_str(&dir)?, "--set", bad];
             let _turn = e2e::charts::chart_dirs_lock(&args)?;

@@ -18,6 +18,13 @@ use crate::chart_expect::Expect;
 use crate::chart_rendering::json;
 use crate::chart_specs::ChartSpec;
 
+/// The well-known label of a node's EC2 instance type.
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+/// The label EKS sets to `auto`, `fargate` or `hybrid` on nodes of those
+/// compute types (absent on managed node groups, Karpenter and self-managed
+/// nodes).
+pub const COMPUTE_TYPE_LABEL: &str = "eks.amazonaws.com/compute-type";
+
 pub fn check_daemonset(spec: &ChartSpec, expect: &Expect, ds: &DaemonSet) -> Result<()> {
     let ds_spec = ds.spec.as_ref().context("DaemonSet without spec")?;
     let strategy = ds_spec.update_strategy.as_ref();
@@ -50,6 +57,16 @@ pub fn check_daemonset(spec: &ChartSpec, expect: &Expect, ds: &DaemonSet) -> Res
         "pod seccompProfile must be RuntimeDefault: {}",
         json(&pod_seccomp)
     );
+    let groups = pod
+        .security_context
+        .as_ref()
+        .and_then(|s| s.supplemental_groups.clone())
+        .unwrap_or_default();
+    ensure!(
+        groups == expect.supplemental_groups,
+        "pod supplementalGroups {groups:?}, want {:?} (podSecurityContext in values)",
+        expect.supplemental_groups
+    );
     ensure!(
         pod.containers.len() == 1,
         "one container expected, found {}",
@@ -71,32 +88,7 @@ fn check_scheduling(expect: &Expect, pod: &PodSpec) -> Result<()> {
         pod.priority_class_name,
         expect.priority_class
     );
-    if expect.instance_type_affinity {
-        let requirement = pod
-            .affinity
-            .as_ref()
-            .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|n| {
-                n.required_during_scheduling_ignored_during_execution
-                    .as_ref()
-            })
-            .and_then(|s| s.node_selector_terms.first())
-            .and_then(|t| t.match_expressions.as_ref())
-            .and_then(|e| e.first());
-        ensure!(
-            requirement.is_some_and(|r| r.key == "node.kubernetes.io/instance-type"
-                && r.operator == "In"
-                && r.values.as_ref().is_some_and(|v| !v.is_empty())),
-            "node affinity on instance types missing: {}",
-            json(&requirement)
-        );
-    } else {
-        ensure!(
-            pod.affinity.is_none(),
-            "empty instanceTypes must drop the affinity: {}",
-            json(&pod.affinity)
-        );
-    }
+    check_affinity(expect, pod)?;
     if expect.host_network {
         ensure!(
             pod.host_network == Some(true)
@@ -130,6 +122,90 @@ fn check_scheduling(expect: &Expect, pod: &PodSpec) -> Result<()> {
                 tolerated.contains(&key),
                 "no toleration for {key}: {tolerated:?}"
             );
+        }
+    }
+    Ok(())
+}
+
+/// The chart's node requirements (instance types, excluded EKS compute
+/// types) in every required node selector term, after the keys of the
+/// user's own term; the user's preferred terms kept.
+fn check_affinity(expect: &Expect, pod: &PodSpec) -> Result<()> {
+    let mut chart_keys = Vec::new();
+    if expect.instance_type_affinity {
+        chart_keys.push(INSTANCE_TYPE_LABEL);
+    }
+    if !expect.exclude_compute_types.is_empty() {
+        chart_keys.push(COMPUTE_TYPE_LABEL);
+    }
+    let node = pod.affinity.as_ref().and_then(|a| a.node_affinity.as_ref());
+    let preferred = node
+        .and_then(|n| {
+            n.preferred_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map_or(0, Vec::len);
+    ensure!(
+        preferred == expect.preferred_node_terms,
+        "{preferred} preferred node terms, want {}: {}",
+        expect.preferred_node_terms,
+        json(&node)
+    );
+    let terms = node
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    if chart_keys.is_empty() && expect.user_node_terms.is_empty() {
+        ensure!(
+            terms.is_empty(),
+            "no node requirement asked for, yet: {}",
+            json(&terms)
+        );
+        return Ok(());
+    }
+    let user_terms = if expect.user_node_terms.is_empty() {
+        vec![vec![]]
+    } else {
+        expect.user_node_terms.clone()
+    };
+    ensure!(
+        terms.len() == user_terms.len(),
+        "{} required node selector terms, want {}: {}",
+        terms.len(),
+        user_terms.len(),
+        json(&terms)
+    );
+    for (term, user_keys) in terms.iter().zip(&user_terms) {
+        let exprs = term.match_expressions.as_deref().unwrap_or_default();
+        let keys: Vec<&str> = exprs.iter().map(|e| e.key.as_str()).collect();
+        let want: Vec<&str> = user_keys
+            .iter()
+            .map(String::as_str)
+            .chain(chart_keys.iter().copied())
+            .collect();
+        ensure!(
+            keys == want,
+            "a required node selector term has keys {keys:?}, want {want:?} (Kubernetes ORs the terms: each needs the chart's requirements)"
+        );
+        for e in exprs {
+            if e.key == INSTANCE_TYPE_LABEL {
+                ensure!(
+                    e.operator == "In" && e.values.as_ref().is_some_and(|v| !v.is_empty()),
+                    "node affinity on instance types must be In a non-empty list: {}",
+                    json(e)
+                );
+            } else if e.key == COMPUTE_TYPE_LABEL {
+                ensure!(
+                    e.operator == "NotIn"
+                        && e.values.as_deref() == Some(expect.exclude_compute_types.as_slice()),
+                    "compute types must be excluded (NotIn {:?}): {}",
+                    expect.exclude_compute_types,
+                    json(e)
+                );
+            }
         }
     }
     Ok(())
@@ -247,15 +323,39 @@ fn check_ports_and_resources(expect: &Expect, c: &Container) -> Result<()> {
         "readiness probe must GET /readyz on the metrics port (the rolling update waits for it): {}",
         json(&ready)
     );
-    let memory =
-        |m: Option<&BTreeMap<String, Quantity>>| m.is_some_and(|m| m.contains_key("memory"));
+    // The driver's /healthz gives up after PROBE_TIMEOUT and says why; a
+    // probe that times out first only records a bare timeout.
+    let driver_timeout = i64::try_from(dra_core::ops::PROBE_TIMEOUT.as_secs())?;
+    for (name, probe) in [
+        ("liveness", c.liveness_probe.as_ref()),
+        ("readiness", c.readiness_probe.as_ref()),
+    ] {
+        let timeout = probe.and_then(|p| p.timeout_seconds).unwrap_or(1);
+        ensure!(
+            i64::from(timeout) > driver_timeout,
+            "{name} probe timeoutSeconds {timeout} must exceed the driver's own {driver_timeout} s"
+        );
+    }
+    let has =
+        |m: Option<&BTreeMap<String, Quantity>>, key: &str| m.is_some_and(|m| m.contains_key(key));
     let resources = c.resources.as_ref();
+    let requests = resources.and_then(|r| r.requests.as_ref());
+    let limits = resources.and_then(|r| r.limits.as_ref());
     ensure!(
-        memory(resources.and_then(|r| r.requests.as_ref()))
-            && memory(resources.and_then(|r| r.limits.as_ref())),
-        "memory request and limit must be set: {}",
+        has(requests, "memory")
+            && has(limits, "memory")
+            && has(requests, "cpu")
+            && has(limits, "cpu"),
+        "CPU and memory requests and limits must be set: {}",
         json(&resources)
     );
+    if let Some(image) = &expect.image {
+        ensure!(
+            c.image.as_deref() == Some(image.as_str()),
+            "image {:?}, want {image}",
+            c.image
+        );
+    }
     Ok(())
 }
 
@@ -275,6 +375,15 @@ fn check_security_context(expect: &Expect, c: &Container) -> Result<()> {
         sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()) == Some("RuntimeDefault"),
         "container seccompProfile must be RuntimeDefault: {}",
         json(&sc.seccomp_profile)
+    );
+    let se_linux = sc
+        .se_linux_options
+        .as_ref()
+        .and_then(|o| o.type_.as_deref());
+    ensure!(
+        se_linux == expect.se_linux_type.as_deref(),
+        "seLinuxOptions.type {se_linux:?}, want {:?} (securityContext in values)",
+        expect.se_linux_type
     );
     if expect.privileged {
         ensure!(sc.privileged == Some(true), "privileged=true not applied");

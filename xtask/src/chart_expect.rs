@@ -33,6 +33,24 @@ pub struct Expect {
     pub service_monitor: bool,
     pub priority_class: Option<String>,
     pub instance_type_affinity: bool,
+    /// `nodeAffinity.excludeComputeTypes`: the compute types no driver pod
+    /// may land on.
+    pub exclude_compute_types: Vec<String>,
+    /// The keys of each required node selector term given in the
+    /// `affinity` value (the chart adds its own requirements to each);
+    /// empty: the chart's requirements form the only term.
+    pub user_node_terms: Vec<Vec<String>>,
+    /// Preferred node terms given in the `affinity` value.
+    pub preferred_node_terms: usize,
+    /// The container's image reference, when the values fix it.
+    pub image: Option<String>,
+    /// `securityContext.seLinuxOptions.type` given in values.
+    pub se_linux_type: Option<String>,
+    /// `podSecurityContext.supplementalGroups` given in values.
+    pub supplemental_groups: Vec<i64>,
+    pub network_policy: bool,
+    /// Peers of `networkPolicy.metricsFrom` (0: any source).
+    pub metrics_from: usize,
     pub host_network: bool,
     /// `(name, value)` of `extraEnv` entries.
     pub extra_env: Vec<(String, String)>,
@@ -107,6 +125,14 @@ impl Expect {
             service_monitor: false,
             priority_class: Some("system-node-critical".into()),
             instance_type_affinity: true,
+            exclude_compute_types: ["auto", "fargate", "hybrid"].map(String::from).to_vec(),
+            user_node_terms: vec![],
+            preferred_node_terms: 0,
+            image: Some("ghcr.io/aws-dra/aws-dra-drivers:0.1.0".into()),
+            se_linux_type: None,
+            supplemental_groups: vec![],
+            network_policy: true,
+            metrics_from: 0,
             host_network: false,
             extra_env: vec![],
             device_classes: std::iter::once(spec.driver.to_owned())
@@ -153,6 +179,18 @@ impl Expect {
                 metrics_port: 9400,
                 service_monitor: true,
                 instance_type_affinity: false,
+                user_node_terms: vec![
+                    vec!["topology.kubernetes.io/zone".into()],
+                    vec!["example.com/efa-pool".into()],
+                ],
+                preferred_node_terms: 1,
+                image: Some(format!(
+                    "registry.example.internal/aws-dra-drivers@sha256:{}",
+                    "0123456789abcdef".repeat(4)
+                )),
+                se_linux_type: Some("super_t".into()),
+                supplemental_groups: vec![1000],
+                metrics_from: 1,
                 device_classes: vec![
                     "efa.example.com".into(),
                     "efa-numa0.networking.k8s.aws".into(),
@@ -190,6 +228,8 @@ impl Expect {
                 dev_root: "/opt/aws-dra/fixtures/trn2/dev".into(),
                 privileged: true,
                 host_network: true,
+                exclude_compute_types: vec![],
+                network_policy: false,
                 extra_env: vec![("KUBERNETES_SERVICE_HOST".into(), "10.1.2.3".into())],
                 rbac: false,
                 vap: false,
@@ -229,6 +269,7 @@ impl Expect {
         Ok(Expect {
             fullname: e2e::chart_testbed::values::release_name(kind, None),
             sysfs_root: format!("{FIXTURE_MOUNT}/sys"),
+            image: None,
             dev_root: format!("{FIXTURE_MOUNT}/dev"),
             extra_args: vec!["--log-format=text".into()],
             // The kind testbed's extraEnv (the short rescan interval the

@@ -51,7 +51,72 @@ pub fn check_rendered(spec: &ChartSpec, expect: &Expect, objs: &[Value]) -> Resu
         );
     }
     check_metrics(expect, &r)?;
+    check_network_policy(expect, ds, &r)?;
     check_device_classes(spec, expect, &r)
+}
+
+/// The NetworkPolicy, when enabled: selects exactly the driver pods, is
+/// ingress-only, and admits TCP on the metrics port alone (from the peers
+/// of `networkPolicy.metricsFrom`, or anyone).
+fn check_network_policy(
+    expect: &Expect,
+    ds: &k8s_openapi::api::apps::v1::DaemonSet,
+    r: &Rendering,
+) -> Result<()> {
+    check_namespace(&r.network_policies)?;
+    if !expect.network_policy {
+        ensure!(
+            r.network_policies.is_empty(),
+            "networkPolicy.enabled=false still renders a NetworkPolicy"
+        );
+        return Ok(());
+    }
+    let np = one(&r.network_policies, Some(&expect.fullname))?;
+    let s = np.spec.as_ref().context("NetworkPolicy without spec")?;
+    let pods = ds
+        .spec
+        .as_ref()
+        .and_then(|d| d.selector.match_labels.as_ref());
+    ensure!(
+        s.pod_selector
+            .as_ref()
+            .and_then(|p| p.match_labels.as_ref())
+            == pods,
+        "{}: podSelector {} must be the DaemonSet's selector {}",
+        id(np),
+        json(&s.pod_selector),
+        json(&pods)
+    );
+    ensure!(
+        s.policy_types.as_deref() == Some(&["Ingress".to_owned()][..]),
+        "{}: policyTypes must be [Ingress] (egress to the API server stays open): {:?}",
+        id(np),
+        s.policy_types
+    );
+    let rules = s.ingress.as_deref().unwrap_or_default();
+    ensure!(
+        rules.len() == 1,
+        "{}: one ingress rule expected: {}",
+        id(np),
+        json(&rules)
+    );
+    let ports = rules[0].ports.as_deref().unwrap_or_default();
+    ensure!(
+        ports.len() == 1
+            && ports[0].port == Some(IntOrString::String("metrics".into()))
+            && ports[0].protocol.as_deref() == Some("TCP"),
+        "{}: the only admitted port must be TCP metrics: {}",
+        id(np),
+        json(&ports)
+    );
+    let from = rules[0].from.as_ref().map_or(0, Vec::len);
+    ensure!(
+        from == expect.metrics_from,
+        "{}: {from} peers may scrape, want {}",
+        id(np),
+        expect.metrics_from
+    );
+    Ok(())
 }
 
 fn check_metrics(expect: &Expect, r: &Rendering) -> Result<()> {
@@ -209,7 +274,7 @@ mod tests {
     #[test]
     fn each_flaw_is_caught() {
         type Mutation = fn(&mut Vec<Value>);
-        let table: [(&str, &str, Mutation); 14] = [
+        let table: [(&str, &str, Mutation); 18] = [
             ("added capability", "capabilities must drop ALL", |o| {
                 ds_container(o)["securityContext"]["capabilities"]["add"] =
                     serde_json::json!(["SYS_ADMIN"])
@@ -305,6 +370,38 @@ mod tests {
                     let c = o.iter_mut().find(|d| d["kind"] == "DeviceClass").unwrap();
                     c["spec"]["selectors"][0]["cel"]["expression"] =
                         "device.driver == \"other.example.com\"".into();
+                },
+            ),
+            (
+                "Fargate and Auto Mode nodes not excluded",
+                "a required node selector term has keys",
+                |o| {
+                    let ds = o.iter_mut().find(|d| d["kind"] == "DaemonSet").unwrap();
+                    let exprs = &mut ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                        ["nodeSelectorTerms"][0]["matchExpressions"];
+                    exprs.as_array_mut().unwrap().truncate(1);
+                },
+            ),
+            (
+                "liveness probe shorter than the driver's own timeout",
+                "must exceed the driver's own 10 s",
+                |o| ds_container(o)["livenessProbe"]["timeoutSeconds"] = 5.into(),
+            ),
+            ("no CPU limit", "CPU and memory requests and limits", |o| {
+                ds_container(o)["resources"]["limits"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("cpu");
+            }),
+            (
+                "NetworkPolicy admitting a second port",
+                "the only admitted port must be TCP metrics",
+                |o| {
+                    let np = o.iter_mut().find(|d| d["kind"] == "NetworkPolicy").unwrap();
+                    np["spec"]["ingress"][0]["ports"]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(serde_json::json!({"port": 22, "protocol": "TCP"}));
                 },
             ),
         ];

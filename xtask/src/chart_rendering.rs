@@ -10,6 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -36,6 +37,7 @@ pub struct Rendering {
     pub policies: Vec<ValidatingAdmissionPolicy>,
     pub policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
     pub device_classes: Vec<DeviceClass>,
+    pub network_policies: Vec<NetworkPolicy>,
 }
 
 impl Rendering {
@@ -56,6 +58,7 @@ impl Rendering {
             policies: of_type(objs)?,
             policy_bindings: of_type(objs)?,
             device_classes: of_type(objs)?,
+            network_policies: of_type(objs)?,
         };
         let known = [
             (DaemonSet::API_VERSION, DaemonSet::KIND),
@@ -73,6 +76,7 @@ impl Rendering {
                 ValidatingAdmissionPolicyBinding::KIND,
             ),
             (DeviceClass::API_VERSION, DeviceClass::KIND),
+            (NetworkPolicy::API_VERSION, NetworkPolicy::KIND),
         ];
         let unknown: Vec<String> = objs
             .iter()

@@ -127,6 +127,92 @@ mod tests {
         }
     }
 
+    /// The instance types of a chart's default node selection.
+    fn default_instance_types(spec: &ChartSpec) -> Vec<String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let text = std::fs::read_to_string(root.join("charts").join(spec.name).join("values.yaml"))
+            .unwrap();
+        let v: Value = serde_saphyr::from_str(&text).unwrap();
+        v["nodeAffinity"]["instanceTypes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Every instance type we model with EFAs (resp. Neuron chips), and
+    /// every type of AWS's device-group table (EFA-enabled Trainium), is
+    /// in the default node selection of the chart that serves it.
+    #[test]
+    fn default_node_selection_covers_every_known_type() {
+        use sysfs_fixtures::{DeviceKind, Node};
+        fn kinds(nodes: &[Node], out: &mut Vec<DeviceKind>) {
+            for n in nodes {
+                match n {
+                    Node::Bridge { children, .. } => kinds(children, out),
+                    Node::Device { kind, .. } => out.push(kind.clone()),
+                }
+            }
+        }
+        let efa = default_instance_types(&EFA);
+        let neuron = default_instance_types(&crate::chart_specs::NEURON);
+        for t in sysfs_fixtures::instance_types() {
+            let spec = sysfs_fixtures::spec(t).unwrap();
+            let mut found = Vec::new();
+            for root in &spec.roots {
+                kinds(&root.children, &mut found);
+            }
+            let has_efa = found.iter().any(|k| matches!(k, DeviceKind::Efa { .. }));
+            let has_neuron = spec.neuron.is_some()
+                || found.iter().any(|k| matches!(k, DeviceKind::Neuron { .. }));
+            assert_eq!(
+                efa.iter().any(|e| e == t),
+                has_efa,
+                "{t} in the EFA chart's list"
+            );
+            assert_eq!(
+                neuron.iter().any(|e| e == t),
+                has_neuron,
+                "{t} in the Neuron chart's list"
+            );
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let table: serde_json::Map<String, Value> = serde_json::from_str(
+            &std::fs::read_to_string(root.join("crates/topology/data/efa-enabled-instances.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(table.len() >= 10);
+        for t in table.keys() {
+            assert!(
+                efa.contains(t),
+                "{t} (AWS's table) missing from the EFA chart"
+            );
+            assert!(
+                neuron.contains(t),
+                "{t} (AWS's table) missing from the Neuron chart"
+            );
+        }
+        // The families the issue found uncovered: HPC, c*n, g5/g6, Graviton.
+        for t in [
+            "hpc7g.16xlarge",
+            "hpc6a.48xlarge",
+            "c5n.18xlarge",
+            "c7gn.16xlarge",
+            "g5.48xlarge",
+            "g6.48xlarge",
+        ] {
+            assert!(efa.iter().any(|e| e == t), "{t}");
+        }
+        for list in [&efa, &neuron] {
+            let mut sorted = list.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), list.len(), "duplicate instance types");
+        }
+    }
+
     #[test]
     fn each_chart_names_a_known_driver() {
         for spec in CHARTS {

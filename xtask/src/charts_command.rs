@@ -1,5 +1,6 @@
-//! `cargo xtask charts check|render`: the Helm charts, checked with real Helm
-//! ([`crate::chart_checks`]) or rendered for `kubectl apply`
+//! `cargo xtask charts check|scan|render`: the Helm charts, checked with
+//! real Helm ([`crate::chart_checks`]), scanned by a third-party policy
+//! scanner ([`crate::chart_scan`]) or rendered for `kubectl apply`
 //! ([`crate::chart_render`]).
 
 use std::path::PathBuf;
@@ -8,7 +9,7 @@ use anyhow::{Context, Result};
 
 use crate::chart_expect::{NAMESPACE, RELEASE};
 use crate::chart_specs::CHARTS;
-use crate::{chart_checks, chart_render, helm, paths};
+use crate::{chart_checks, chart_render, chart_scan, helm, paths};
 
 #[derive(clap::Args)]
 pub struct ChartsArgs {
@@ -20,6 +21,9 @@ pub struct ChartsArgs {
 enum ChartsCommand {
     /// helm lint --strict + helm template (default and non-default values) + assertions.
     Check,
+    /// checkov (pinned, from PyPI) on the default renderings: only the
+    /// failures docs/install.md explains, at most 4 per chart.
+    Scan,
     /// Print the rendered manifests of one chart (for `kubectl apply`).
     Render {
         /// efa-dra-driver or neuron-dra-driver
@@ -39,6 +43,7 @@ pub fn run(args: ChartsArgs) -> Result<()> {
     let helm = helm::ensure(&root)?;
     match args.command {
         ChartsCommand::Check => chart_checks::check(&helm, &root),
+        ChartsCommand::Scan => chart_scan::scan(&helm, &root),
         ChartsCommand::Render {
             chart,
             values,

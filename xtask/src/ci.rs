@@ -91,6 +91,9 @@ fn checks() -> Vec<Step> {
         // Licences, bans and sources of the dependency graph (policy:
         // supply-chain.yaml).
         step("supply-chain", &["xtask", "supply-chain"]),
+        // Every page under docs/ reachable from docs/README.md, no broken
+        // relative link (a second or two).
+        step("docs-links", &["xtask", "docs-links"]),
         step(
             "clippy",
             &[
@@ -125,6 +128,11 @@ fn checks() -> Vec<Step> {
                 "structure",
             ],
         ),
+        // checkov (pinned, from PyPI; installed into the cache on first
+        // use) on the default renderings of the charts: only the failures
+        // docs/install.md explains, at most 4 per chart pinned by digest.
+        // Warm: ~40 s on this 2-core machine (one checkov run, 4 renderings).
+        step("chart-scan", &["xtask", "charts", "scan"]),
     ];
     steps
         .into_iter()
@@ -499,7 +507,15 @@ mod tests {
             .collect();
         assert_eq!(
             checks,
-            ["supply-chain", "clippy", "doc", "test", "e2e-unit"]
+            [
+                "supply-chain",
+                "docs-links",
+                "clippy",
+                "doc",
+                "test",
+                "e2e-unit",
+                "chart-scan"
+            ]
         );
         let batch_end = first_leg + 3 + checks.len();
         assert!(steps[first_leg..batch_end].iter().all(|s| s.lane.is_some()));

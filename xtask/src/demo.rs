@@ -42,6 +42,14 @@ pub struct DemoArgs {
 
 const NAMESPACE: &str = "demo";
 
+/// Printed once the cluster is up: `kubectl get nodes` shows NotReady, and
+/// a newcomer should not have to guess why.
+const NOT_READY_NOTE: &str = "\
+==> demo: `kubectl get nodes` shows every node NotReady: this cluster has no pod network (no CNI
+    plugin), so kubelet reports NetworkReady=false. That does not matter here: the drivers
+    and the demo's pods use the host network and tolerate the not-ready taints, and DRA
+    (slices, scheduling, prepare, CDI) does not depend on a pod network. See docs/e2e.md#the-demo.";
+
 /// Example files applied, in order (pods in files without one are created
 /// for the named template). Chosen to fit together: 16 chips and 16 EFAs on
 /// trn2, 8 GPUs and 32 EFAs on p5.
@@ -122,6 +130,7 @@ async fn present(
     kubectl: &std::path::Path,
 ) -> Result<()> {
     eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
+    eprintln!("{NOT_READY_NOTE}");
     let result = apply_and_print(&tb).await;
     if let Err(e) = &result {
         eprintln!("demo: {e:#}");
@@ -284,6 +293,18 @@ fn short_driver(driver: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_not_ready_note_says_why_and_that_it_does_not_matter() {
+        for words in [
+            "NotReady",
+            "no pod network",
+            "does not matter",
+            "docs/e2e.md",
+        ] {
+            assert!(NOT_READY_NOTE.contains(words), "{words}");
+        }
+    }
 
     #[test]
     fn printed_commands_name_the_kubectl_and_kubeconfig() {

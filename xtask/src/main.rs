@@ -12,11 +12,13 @@ mod chart_expect;
 mod chart_objects;
 mod chart_render;
 mod chart_rendering;
+mod chart_scan;
 mod chart_specs;
 mod charts_command;
 mod ci;
 mod demo;
 mod docker;
+mod docs_links;
 mod e2e;
 #[cfg(test)]
 mod examples;
@@ -50,7 +52,7 @@ struct Cli {
 enum Task {
     /// Everything a change must pass: fmt, clippy, tests (and the end-to-end suite).
     Ci(ci::CiArgs),
-    /// Helm charts: `check` (lint + render + assertions with real helm), `render`.
+    /// Helm charts: `check` (lint + render + assertions with real helm), `scan` (checkov), `render`.
     Charts(charts_command::ChartsArgs),
     /// End-to-end suite: `--cluster kind` (Docker) or `--cluster local`.
     E2e(e2e::E2eArgs),
@@ -71,6 +73,8 @@ enum Task {
     Chaos(chaos::ChaosArgs),
     /// Licence, ban and source checks of the dependency graph (policy: supply-chain.yaml).
     SupplyChain,
+    /// Every file under docs/ reachable from docs/README.md, no broken relative link.
+    DocsLinks,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -84,6 +88,7 @@ fn main() -> anyhow::Result<()> {
         Task::K8s(args) => k8s::run(args),
         Task::Fuzz(args) => fuzz::run(args),
         Task::SupplyChain => supply_chain::run(),
+        Task::DocsLinks => docs_links::run(),
         Task::Bench(args) => bench::run(args),
         Task::Chaos(args) => chaos::run(args),
     }

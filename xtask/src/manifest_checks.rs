@@ -66,6 +66,9 @@ pub fn check_typed(obj: &Value) -> Result<()> {
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
             roundtrip::<api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>(obj)?
         }
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            roundtrip::<api::networking::v1::NetworkPolicy>(obj)?
+        }
         ("resource.k8s.io/v1", "DeviceClass") => roundtrip::<api::resource::v1::DeviceClass>(obj)?,
         ("resource.k8s.io/v1", "ResourceClaim") => {
             roundtrip::<api::resource::v1::ResourceClaim>(obj)?

@@ -57,8 +57,7 @@ spec:
         {{- toYaml . | nindent 8 }}
       {{- end }}
       securityContext:
-        seccompProfile:
-          type: RuntimeDefault
+        {{- include "dra-driver-lib.podSecurityContext" . | nindent 8 }}
       {{- if .Values.hostNetwork }}
       # hostNetwork was asked for in values (see its comment in values.yaml);
       # keep cluster DNS for the pod anyway.
@@ -69,16 +68,9 @@ spec:
       nodeSelector:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- if .Values.nodeAffinity.instanceTypes }}
+      {{- with include "dra-driver-lib.affinity" . }}
       affinity:
-        nodeAffinity:
-          requiredDuringSchedulingIgnoredDuringExecution:
-            nodeSelectorTerms:
-              - matchExpressions:
-                  - key: node.kubernetes.io/instance-type
-                    operator: In
-                    values:
-                      {{- toYaml .Values.nodeAffinity.instanceTypes | nindent 22 }}
+        {{- . | nindent 8 }}
       {{- end }}
       {{- with .Values.tolerations }}
       tolerations:
@@ -145,31 +137,10 @@ spec:
           resources:
             {{- toYaml . | nindent 12 }}
           {{- end }}
-          # The host directories the driver writes (kubelet plugin and
-          # registry dirs, CDI dir) belong to root with mode 0755/0750, so the
-          # process runs as UID 0 -- but with NO capabilities: as the owner of
-          # those directories root needs none to create its sockets and spec
-          # files, and root-only sysfs files (Neuron's connected_devices,
-          # core_count) are readable by their owner without CAP_DAC_OVERRIDE.
-          # A non-root UID would need CAP_DAC_OVERRIDE, which Kubernetes only
-          # grants to UID 0 anyway (no ambient capabilities).
+          # UID 0 with every capability dropped, merged with the
+          # `securityContext` value: why, in _security.tpl.
           securityContext:
-            runAsUser: 0
-            runAsGroup: 0
-            runAsNonRoot: false
-            readOnlyRootFilesystem: true
-            {{- if .Values.privileged }}
-            # privileged: true was asked for in values (see the comment on
-            # `privileged` in values.yaml for what it enables and costs).
-            privileged: true
-            {{- else }}
-            privileged: false
-            allowPrivilegeEscalation: false
-            capabilities:
-              drop: ["ALL"]
-            {{- end }}
-            seccompProfile:
-              type: RuntimeDefault
+            {{- include "dra-driver-lib.securityContext" . | nindent 12 }}
           {{- if eq $devMount .Values.hostPaths.devRoot }}
           # The whole device directory is mounted read-only, so the default
           # /dev/termination-log cannot be created there: keep it in the

@@ -68,6 +68,15 @@ app.kubernetes.io/part-of: aws-dra-drivers
 {{- if $sub -}}{{ printf "%s/%s" $root $sub }}{{- else -}}{{ default "/" $root }}{{- end -}}
 {{- end -}}
 
+{{/*
+The image reference. With image.digest it is `repository@digest`: the node
+pulls exactly the bytes that were tested, whatever the tag later points at
+(the tag is then left out, as the runtime would ignore it).
+*/}}
 {{- define "dra-driver-lib.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
