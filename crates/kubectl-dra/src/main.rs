@@ -1,7 +1,8 @@
 //! `kubectl-dra`: a kubectl plugin (`kubectl dra …` when on PATH).
 //!
 //! `explain claim|pod NAME` says why a claim is (not) allocatable;
-//! `devices` lists what is published and who holds it. Input comes from the
+//! `devices` lists what is published and who holds it; `topology NODE` draws
+//! one node's devices by PCIe root and device group. Input comes from the
 //! cluster, or from `--from-file` dumps without any cluster access.
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use kubectl_dra::explain::{self, Allocatable, Explanation, Scope};
 use kubectl_dra::inventory::Inventory;
 use kubectl_dra::online::{self, Connection};
 use kubectl_dra::render;
+use kubectl_dra::topology;
 use kubectl_dra::world::World;
 
 #[derive(Parser, Debug)]
@@ -62,6 +64,52 @@ enum Command {
         #[arg(long, short = 'o', value_enum)]
         output: Option<DevicesOutput>,
     },
+    /// Draw one node: PCIe roots with their GPUs and EFAs, Neuron chips on
+    /// their grid with device groups and NeuronCores, what is allocated (to
+    /// which claim), tainted or unhealthy.
+    Topology {
+        /// The node to draw (its name, as `kubectl get nodes` shows it).
+        node: String,
+        /// text: Unicode boxes for a terminal; svg: a standalone SVG image
+        /// for docs and tickets; json|yaml: the model the pictures are drawn from.
+        #[arg(long, short = 'o', value_enum, default_value_t = TopologyOutput::Text)]
+        output: TopologyOutput,
+        /// Colour in text output: auto (when stdout is a terminal and
+        /// NO_COLOR is unset), always or never.
+        #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
+        color: ColorChoice,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum TopologyOutput {
+    Text,
+    Svg,
+    Json,
+    Yaml,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// `auto` follows the no-color.org convention: a set, non-empty
+    /// `NO_COLOR` turns colour off; so does stdout not being a terminal.
+    fn enabled(self) -> bool {
+        use std::io::IsTerminal as _;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                    && std::io::stdout().is_terminal()
+            }
+        }
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -188,6 +236,24 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 Some(DevicesOutput::Wide) => print!("{}", devices::table(&rows, true)),
                 Some(DevicesOutput::Json) => print_structured(&rows, false)?,
                 Some(DevicesOutput::Yaml) => print_structured(&rows, true)?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Topology {
+            node,
+            output,
+            color,
+        } => {
+            let (inventory, _) = load(&cli, None).await?;
+            let world = World::new(&inventory);
+            let picture = topology::build(&world, node)?;
+            match output {
+                TopologyOutput::Text => {
+                    print!("{}", topology::text::render(&picture, color.enabled()))
+                }
+                TopologyOutput::Svg => print!("{}", topology::svg::render(&picture)),
+                TopologyOutput::Json => print_structured(&picture, false)?,
+                TopologyOutput::Yaml => print_structured(&picture, true)?,
             }
             Ok(ExitCode::SUCCESS)
         }
