@@ -11,6 +11,7 @@ pub mod cel;
 pub mod devices;
 pub mod explain;
 pub mod inventory;
+pub mod lookup;
 pub mod online;
 pub mod render;
 pub mod topology;

@@ -7,12 +7,14 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use kubectl_dra::devices::{self, Filter};
 use kubectl_dra::explain::{self, Allocatable, Explanation, Scope};
 use kubectl_dra::inventory::Inventory;
+use kubectl_dra::lookup::{self, ObjectKind};
 use kubectl_dra::online::{self, Connection};
 use kubectl_dra::render;
 use kubectl_dra::topology;
@@ -21,46 +23,87 @@ use kubectl_dra::world::World;
 #[derive(Parser, Debug)]
 #[command(
     name = "kubectl-dra",
+    bin_name = "kubectl dra",
     version,
-    about = "Why is my DRA claim pending, and what is free"
+    about = "Why is my DRA claim pending, what is free, and what a node looks like",
+    after_help = "Run as `kubectl dra …` once kubectl-dra is on PATH. Offline: pass \
+                  `kubectl get … -o yaml` dumps or a driver's `discover` output with -f."
 )]
 struct Cli {
     /// Read objects from these files (`kubectl get … -o yaml|json`, multi-document YAML,
     /// or a driver's `discover` output) instead of the cluster. Repeatable.
-    #[arg(long = "from-file", short = 'f', global = true)]
+    #[arg(long = "from-file", short = 'f', global = true, value_name = "FILE")]
     from_file: Vec<PathBuf>,
-    /// Path to the kubeconfig file (as kubectl).
-    #[arg(long, global = true)]
+    /// Path to the kubeconfig file (as kubectl; default: KUBECONFIG, then ~/.kube/config,
+    /// then in-cluster).
+    #[arg(long, global = true, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use (as kubectl).
-    #[arg(long, global = true)]
+    /// The kubeconfig context to use (as kubectl; default: the current context).
+    #[arg(long, global = true, value_name = "NAME")]
     context: Option<String>,
     /// Namespace of the claim or pod (default: the context's, else "default").
-    #[arg(long, short = 'n', global = true)]
+    #[arg(long, short = 'n', global = true, value_name = "NAMESPACE")]
     namespace: Option<String>,
+    /// Look the claim or pod up in every namespace (an error if the name is in several).
+    /// `devices` and `topology` always show the claims of every namespace.
+    #[arg(
+        long = "all-namespaces",
+        short = 'A',
+        global = true,
+        conflicts_with = "namespace"
+    )]
+    all_namespaces: bool,
+    /// How long to wait for each request to the API server before giving up, as kubectl:
+    /// a number of seconds or a duration (500ms, 30s, 2m); 0 waits forever.
+    #[arg(
+        long = "request-timeout",
+        global = true,
+        value_name = "DURATION",
+        default_value = "0",
+        value_parser = parse_timeout
+    )]
+    request_timeout: TimeoutFlag,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--request-timeout` parsed; `None` is no limit.
+#[derive(Debug, Clone, Copy)]
+struct TimeoutFlag(Option<Duration>);
+
+fn parse_timeout(s: &str) -> Result<TimeoutFlag, String> {
+    online::parse_request_timeout(s).map(TimeoutFlag)
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Explain why a claim or a pod's claims are (not) allocatable.
+    ///
+    /// Exit status: 0 allocated or allocatable, 1 not allocatable, 3 cannot decide, 2 error.
     Explain {
+        /// What NAME is: a ResourceClaim (`claim`) or a Pod (`pod`, all its claims and
+        /// DRA-served extended resources).
         #[arg(value_enum)]
         kind: Kind,
+        /// Name of the claim or pod (its namespace: -n, or -A to find it).
         name: String,
         /// Only consider this node.
-        #[arg(long)]
+        #[arg(long, value_name = "NODE")]
         node: Option<String>,
+        /// Output format: text for people, json or yaml for scripts (the whole report).
         #[arg(long, short = 'o', value_enum, default_value_t = ExplainOutput::Text)]
         output: ExplainOutput,
     },
     /// List published devices, their key attributes, holders and taints.
     Devices {
-        #[arg(long)]
+        /// Only devices of this node.
+        #[arg(long, value_name = "NODE")]
         node: Option<String>,
-        #[arg(long)]
+        /// Only devices of this driver (e.g. efa.networking.k8s.aws, neuron.aws.com).
+        #[arg(long, value_name = "DRIVER")]
         driver: Option<String>,
+        /// Output format (default: a table): wide adds pool, slice, every attribute and
+        /// capacity; json or yaml give every row in full.
         #[arg(long, short = 'o', value_enum)]
         output: Option<DevicesOutput>,
     },
@@ -114,8 +157,10 @@ impl ColorChoice {
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum Kind {
+    /// A ResourceClaim.
     #[value(alias = "resourceclaim")]
     Claim,
+    /// A Pod: each of its claims.
     Pod,
 }
 
@@ -133,22 +178,38 @@ enum DevicesOutput {
     Yaml,
 }
 
-async fn load(cli: &Cli, pod: Option<&str>) -> Result<(Inventory, String)> {
-    if !cli.from_file.is_empty() {
-        let inventory = Inventory::from_files(&cli.from_file)?;
-        let namespace = cli
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_string());
-        return Ok((inventory, namespace));
-    }
-    let (client, default_ns) = online::connect(&Connection {
-        kubeconfig: cli.kubeconfig.clone(),
-        context: cli.context.clone(),
-    })
-    .await?;
-    let namespace = cli.namespace.clone().unwrap_or(default_ns);
-    let inventory = online::fetch(&client, &namespace, pod).await?;
+/// The objects and the namespace to work in. `find` is the claim or pod
+/// `explain` is about: with -A its namespace is looked up.
+async fn load(cli: &Cli, find: Option<(ObjectKind, &str)>) -> Result<(Inventory, String)> {
+    let pod = match find {
+        Some((ObjectKind::Pod, name)) => Some(name),
+        _ => None,
+    };
+    let offline = !cli.from_file.is_empty();
+    let (inventory, default_ns) = if offline {
+        (
+            Inventory::from_files(&cli.from_file)?,
+            "default".to_string(),
+        )
+    } else {
+        let (client, default_ns) = online::connect(&Connection {
+            kubeconfig: cli.kubeconfig.clone(),
+            context: cli.context.clone(),
+            request_timeout: cli.request_timeout.0,
+        })
+        .await?;
+        let inventory = if cli.all_namespaces {
+            online::fetch_all_namespaces(&client, pod).await?
+        } else {
+            let namespace = cli.namespace.as_deref().unwrap_or(&default_ns);
+            online::fetch(&client, namespace, pod).await?
+        };
+        (inventory, default_ns)
+    };
+    let namespace = match (cli.all_namespaces, find) {
+        (true, Some((kind, name))) => lookup::namespace_of(&inventory, kind, name, offline)?,
+        _ => cli.namespace.clone().unwrap_or(default_ns),
+    };
     Ok((inventory, namespace))
 }
 
@@ -175,8 +236,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             node,
             output,
         } => {
-            let pod = matches!(kind, Kind::Pod).then_some(name.as_str());
-            let (inventory, namespace) = load(&cli, pod).await?;
+            let object = match kind {
+                Kind::Claim => ObjectKind::Claim,
+                Kind::Pod => ObjectKind::Pod,
+            };
+            let (inventory, namespace) = load(&cli, Some((object, name.as_str()))).await?;
             let world = World::new(&inventory);
             let (subjects, mut scope) = match kind {
                 Kind::Claim => (
@@ -278,5 +342,37 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    /// Every flag and argument of every subcommand says what it is for.
+    #[test]
+    fn every_argument_has_help() {
+        fn check(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {}", sub.get_name()));
+                }
+                check(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        check(&Cli::command(), "kubectl dra", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+        Cli::command().debug_assert();
     }
 }
