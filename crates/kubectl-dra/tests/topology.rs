@@ -82,12 +82,13 @@ fn svg_strings(svg: &str) -> Vec<String> {
 
 /// The sample nodes: fixtures and what the picture must hold.
 const NODES: &[(&str, &[&str])] = &[
-    ("p5", &["p5-efa.yaml"]),
+    ("p5", &["p5-efa.yaml", "p5-gpu.yaml"]),
     (
         "trn1",
         &["trn1-efa.yaml", "trn1-neuron.yaml", "trn1-state.yaml"],
     ),
     ("trn2", &["trn2-efa.yaml", "trn2-neuron.yaml"]),
+    ("trn2-cores", &["trn2-cores.yaml"]),
 ];
 
 #[test]
@@ -178,13 +179,76 @@ fn text_draws_roots_grid_holders_and_taints() {
 }
 
 #[test]
-fn colour_only_when_asked_and_never_with_no_color_by_default() {
+fn colour_only_when_asked_or_on_a_terminal_without_no_color() {
     let (code, out, err) = run(NODES[1].1, &["topology", "trn1", "--color", "always"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\x1b[33m●\x1b[0m"), "{out}");
     assert!(out.contains("\x1b[35m▲\x1b[0m"), "{out}");
     let (_, out, _) = run(NODES[1].1, &["topology", "trn1", "--color", "never"]);
     assert!(!out.contains('\x1b'));
+
+    // On a terminal (util-linux `script` gives the run a pseudo-terminal):
+    // colour by default, none with NO_COLOR set.
+    let mut line = vec![env!("CARGO_BIN_EXE_kubectl-dra").to_string()];
+    for f in NODES[1].1 {
+        line.extend(["-f".to_string(), fixture(f)]);
+    }
+    line.extend(["topology".to_string(), "trn1".to_string()]);
+    let on_tty = |no_color: Option<&str>| {
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &line.join(" "), "/dev/null"]);
+        match no_color {
+            Some(v) => cmd.env("NO_COLOR", v),
+            None => cmd.env_remove("NO_COLOR"),
+        };
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running script: {e}"));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(on_tty(None).contains("\x1b[33m●\x1b[0m"));
+    assert!(!on_tty(Some("1")).contains('\x1b'));
+    // An empty NO_COLOR does not count (no-color.org).
+    assert!(on_tty(Some("")).contains('\x1b'));
+}
+
+#[test]
+fn health_taints_show_as_unhealthy_and_cores_as_partitions() {
+    let (code, out, err) = run(NODES[3].1, &["topology", "trn2-cores"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("16 Neuron chips, 128 NeuronCore devices"),
+        "{out}"
+    );
+    // Every chip cell shows its 8 cores as squares.
+    assert!(out.contains("  □□□□□□□□ "), "{out}");
+    assert!(out.contains("✖ "), "{out}");
+    assert!(out.contains("(health reported by "), "{out}");
+}
+
+#[test]
+fn gpus_and_efas_share_their_roots_on_p5() {
+    let (code, out, err) = run(NODES[0].1, &["topology", "p5"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("8 GPUs, 32 EFAs"), "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    let root = lines
+        .iter()
+        .position(|l| l.starts_with("│ pci0000:44 │"))
+        .unwrap_or_else(|| panic!("no pci0000:44:\n{out}"));
+    assert!(
+        lines[root].contains("○ GPU  gpu-0             NVIDIA H100 80GB HBM3"),
+        "{}",
+        lines[root]
+    );
+    for k in 1..=4 {
+        assert!(lines[root + k].contains("EFA "), "{}", lines[root + k]);
+    }
 }
 
 #[test]
