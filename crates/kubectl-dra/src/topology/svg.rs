@@ -269,6 +269,32 @@ fn roots(c: &mut Canvas, t: &NodeTopology) {
         .unwrap_or(12) as f64
         * CHAR_W
         + 16.0;
+    // The widest row of any root, so that every box is as wide and holds it.
+    let row_chars = t
+        .roots
+        .iter()
+        .flat_map(|r| r.units.iter())
+        .map(|u| {
+            let groups = u.groups.join(" ").chars().count();
+            5 + name_w
+                + 2
+                + detail_w
+                + if groups > 0 { groups + 2 } else { 0 }
+                + 2
+                + u.status().chars().count()
+        })
+        .chain(
+            t.roots
+                .iter()
+                .filter(|r| !r.neuron_chips.is_empty())
+                .map(|r| {
+                    format!("NRN  Neuron chips {} (grid below)", ranges(&r.neuron_chips))
+                        .chars()
+                        .count()
+                }),
+        )
+        .max()
+        .unwrap_or(40);
     for r in &t.roots {
         let lines = r.units.len() + usize::from(!r.neuron_chips.is_empty());
         let h = lines.max(2) as f64 * LINE_H + 10.0;
@@ -276,7 +302,7 @@ fn roots(c: &mut Canvas, t: &NodeTopology) {
         let _ = writeln!(
             c.body,
             r##"<rect x="{MARGIN:.1}" y="{top:.1}" width="{:.1}" height="{h:.1}" rx="4" fill="#f5f7fa" stroke="#607d8b"/>"##,
-            left_w + 560.0_f64.max((name_w + detail_w + 40) as f64 * CHAR_W)
+            left_w + 32.0 + row_chars as f64 * CHAR_W
         );
         c.text(
             MARGIN + 8.0,
