@@ -228,7 +228,16 @@ fn health_taints_show_as_unhealthy_and_cores_as_partitions() {
     // Every chip cell shows its 8 cores as squares.
     assert!(out.contains("  □□□□□□□□ "), "{out}");
     assert!(out.contains("✖ "), "{out}");
-    assert!(out.contains("(health reported by "), "{out}");
+    // The chip's health taint is on each of its cores too: one line for all.
+    assert!(
+        out.contains("✖ neuron-device-5 and its 8 cores: neuron.aws.com/sram-ecc-uncorrected=1:NoSchedule (health reported by neuron.aws.com)"),
+        "{out}"
+    );
+    assert!(!out.contains("✖ neuron-device-5-core-0:"), "{out}");
+    assert!(
+        out.contains("✖ efa-0000-6c-00-0: efa.networking.k8s.aws/admin-queue-closed=1:NoSchedule"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -242,9 +242,76 @@ impl NodeTopology {
             .collect()
     }
 
+    /// One line per taint for the list under the picture; a chip's cores
+    /// that carry the chip's own taint (a health report covers the whole
+    /// chip) are folded into the chip's line instead of one line each.
+    pub fn trouble_lines(&self) -> Vec<TroubleLine> {
+        let mut out = Vec::new();
+        let mut folded: std::collections::HashSet<(&str, &str)> = Default::default();
+        for cell in self.grid.iter().flat_map(|g| g.chips.iter()) {
+            for taint in &cell.chip.taints {
+                let same: Vec<&Unit> = cell
+                    .cores
+                    .iter()
+                    .filter(|c| c.taints.iter().any(|t| t.taint == taint.taint))
+                    .collect();
+                for c in &same {
+                    folded.insert((c.id.device.as_str(), taint.taint.as_str()));
+                }
+                let devices = match same.len() {
+                    0 => cell.chip.id.device.clone(),
+                    n if n == cell.cores.len() => {
+                        format!("{} and its {n} cores", cell.chip.id.device)
+                    }
+                    n => format!("{} and {n} of its cores", cell.chip.id.device),
+                };
+                folded.insert((cell.chip.id.device.as_str(), taint.taint.as_str()));
+                out.push(TroubleLine::new(devices, &cell.chip, taint));
+            }
+        }
+        for u in self.units() {
+            for taint in &u.taints {
+                if !folded.contains(&(u.id.device.as_str(), taint.taint.as_str())) {
+                    out.push(TroubleLine::new(u.id.device.clone(), u, taint));
+                }
+            }
+        }
+        out.sort_by_key(|l| natural_key(&l.devices));
+        out
+    }
+
     /// Devices held by a claim, with the claims.
     pub fn allocated(&self) -> Vec<&Unit> {
         self.units().filter(|u| !u.holders.is_empty()).collect()
+    }
+}
+
+/// A taint as listed under the picture.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TroubleLine {
+    /// The device, or a chip and its cores.
+    pub devices: String,
+    /// `key=value:Effect`.
+    pub taint: String,
+    /// Where it comes from: the driver's health report, a DeviceTaintRule,
+    /// or the slice.
+    pub source: String,
+    pub unhealthy: bool,
+}
+
+impl TroubleLine {
+    fn new(devices: String, u: &Unit, taint: &TaintMark) -> TroubleLine {
+        let source = match &taint.rule {
+            Some(r) => format!("DeviceTaintRule {r}"),
+            None if taint.unhealthy => format!("health reported by {}", u.id.driver),
+            None => "on the ResourceSlice".to_string(),
+        };
+        TroubleLine {
+            devices,
+            taint: taint.taint.clone(),
+            source,
+            unhealthy: taint.unhealthy,
+        }
     }
 }
 

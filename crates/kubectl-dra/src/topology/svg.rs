@@ -195,29 +195,23 @@ pub fn render(t: &NodeTopology) -> String {
             c.line_of_text(&format!("{claim}: {}", devices.join(", ")), "");
         }
     }
-    let troubled = t.troubled();
-    if !troubled.is_empty() {
+    let lines = t.trouble_lines();
+    let pools: Vec<&Unit> = t.units().filter(|u| u.pool_problem.is_some()).collect();
+    if !lines.is_empty() || !pools.is_empty() {
         c.y += 10.0;
         c.line_of_text("Tainted or unhealthy", r#" font-weight="bold""#);
-        for u in troubled {
-            for taint in &u.taints {
-                let source = match &taint.rule {
-                    Some(r) => format!("DeviceTaintRule {r}"),
-                    None if taint.unhealthy => format!("health reported by {}", u.id.driver),
-                    None => "on the ResourceSlice".to_string(),
-                };
-                c.line_of_text(
-                    &format!("{}: {} ({source})", u.id.device, taint.taint),
-                    &format!(
-                        r#" fill="{}""#,
-                        fill(if taint.unhealthy {
-                            State::Unhealthy
-                        } else {
-                            State::Tainted
-                        })
-                    ),
-                );
-            }
+        for l in lines {
+            let state = if l.unhealthy {
+                State::Unhealthy
+            } else {
+                State::Tainted
+            };
+            c.line_of_text(
+                &format!("{}: {} ({})", l.devices, l.taint, l.source),
+                &format!(r#" fill="{}""#, fill(state)),
+            );
+        }
+        for u in pools {
             if let Some(p) = &u.pool_problem {
                 c.line_of_text(
                     &format!("{}: ignored by the scheduler: {p}", u.id.device),

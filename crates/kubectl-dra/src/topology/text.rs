@@ -227,37 +227,33 @@ pub fn render(t: &NodeTopology, color: bool) -> String {
             );
         }
     }
-    let troubled = t.troubled();
-    if !troubled.is_empty() {
+    let lines = t.trouble_lines();
+    let pools: Vec<&Unit> = t.units().filter(|u| u.pool_problem.is_some()).collect();
+    if !lines.is_empty() || !pools.is_empty() {
         out.push('\n');
         line(
             &mut out,
             &Line::new().push("Tainted or unhealthy", Paint::Bold),
             color,
         );
-        for u in troubled {
-            for taint in &u.taints {
-                let state = if taint.unhealthy {
-                    State::Unhealthy
-                } else {
-                    State::Tainted
-                };
-                let source = match &taint.rule {
-                    Some(r) => format!("DeviceTaintRule {r}"),
-                    None if taint.unhealthy => format!("health reported by {}", u.id.driver),
-                    None => "on the ResourceSlice".to_string(),
-                };
-                line(
-                    &mut out,
-                    &Line::plain("  ")
-                        .push(mark(state), Paint::State(state))
-                        .push(
-                            format!(" {}: {} ({source})", u.id.device, taint.taint),
-                            Paint::Plain,
-                        ),
-                    color,
-                );
-            }
+        for l in lines {
+            let state = if l.unhealthy {
+                State::Unhealthy
+            } else {
+                State::Tainted
+            };
+            line(
+                &mut out,
+                &Line::plain("  ")
+                    .push(mark(state), Paint::State(state))
+                    .push(
+                        format!(" {}: {} ({})", l.devices, l.taint, l.source),
+                        Paint::Plain,
+                    ),
+                color,
+            );
+        }
+        for u in pools {
             if let Some(p) = &u.pool_problem {
                 let _ = writeln!(out, "  ! {}: ignored by the scheduler: {p}", u.id.device);
             }
