@@ -31,6 +31,7 @@ mod kind;
 mod kind_images;
 mod kind_network;
 mod kind_tool;
+mod krew;
 mod manifest_checks;
 mod paths;
 mod supply_chain;
@@ -71,6 +72,8 @@ enum Task {
     Fuzz(fuzz::FuzzArgs),
     /// Faults on the local cluster: SIGKILL cycles, kubelet restart, reboot, outages.
     Chaos(chaos::ChaosArgs),
+    /// The krew plugin manifest of kubectl dra, from the release archives (sha256, URIs).
+    KrewManifest(krew::KrewArgs),
     /// Licence, ban and source checks of the dependency graph (policy: supply-chain.yaml).
     SupplyChain,
     /// Every file under docs/ reachable from docs/README.md, no broken relative link.
@@ -89,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         Task::Fuzz(args) => fuzz::run(args),
         Task::SupplyChain => supply_chain::run(),
         Task::DocsLinks => docs_links::run(),
+        Task::KrewManifest(args) => krew::run(args),
         Task::Bench(args) => bench::run(args),
         Task::Chaos(args) => chaos::run(args),
     }

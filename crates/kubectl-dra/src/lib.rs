@@ -5,12 +5,14 @@
 //! [`inventory`] loads objects (from files or the API server), [`cel`]
 //! evaluates selectors as kube-scheduler does, [`explain`] works out per
 //! request which devices qualify and why the others do not, [`devices`]
-//! builds the device table.
+//! builds the device table, [`topology`] draws one node.
 
 pub mod cel;
 pub mod devices;
 pub mod explain;
 pub mod inventory;
+pub mod lookup;
 pub mod online;
 pub mod render;
+pub mod topology;
 pub mod world;

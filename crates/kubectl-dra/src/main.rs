@@ -1,73 +1,179 @@
 //! `kubectl-dra`: a kubectl plugin (`kubectl dra …` when on PATH).
 //!
 //! `explain claim|pod NAME` says why a claim is (not) allocatable;
-//! `devices` lists what is published and who holds it. Input comes from the
+//! `devices` lists what is published and who holds it; `topology NODE` draws
+//! one node's devices by PCIe root and device group. Input comes from the
 //! cluster, or from `--from-file` dumps without any cluster access.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use kubectl_dra::devices::{self, Filter};
 use kubectl_dra::explain::{self, Allocatable, Explanation, Scope};
 use kubectl_dra::inventory::Inventory;
+use kubectl_dra::lookup::{self, ObjectKind};
 use kubectl_dra::online::{self, Connection};
 use kubectl_dra::render;
+use kubectl_dra::topology;
 use kubectl_dra::world::World;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "kubectl-dra",
     version,
-    about = "Why is my DRA claim pending, and what is free"
+    about = "Why is my DRA claim pending, what is free, and what a node looks like",
+    after_help = "Run as `kubectl dra …` once kubectl-dra is on PATH. Offline: pass \
+                  `kubectl get … -o yaml` dumps or a driver's `discover` output with -f."
 )]
 struct Cli {
     /// Read objects from these files (`kubectl get … -o yaml|json`, multi-document YAML,
     /// or a driver's `discover` output) instead of the cluster. Repeatable.
-    #[arg(long = "from-file", short = 'f', global = true)]
+    #[arg(long = "from-file", short = 'f', global = true, value_name = "FILE")]
     from_file: Vec<PathBuf>,
-    /// Path to the kubeconfig file (as kubectl).
-    #[arg(long, global = true)]
+    /// Path to the kubeconfig file (as kubectl; default: KUBECONFIG, then ~/.kube/config,
+    /// then in-cluster).
+    #[arg(long, global = true, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use (as kubectl).
-    #[arg(long, global = true)]
+    /// The kubeconfig context to use (as kubectl; default: the current context).
+    #[arg(long, global = true, value_name = "NAME")]
     context: Option<String>,
     /// Namespace of the claim or pod (default: the context's, else "default").
-    #[arg(long, short = 'n', global = true)]
+    #[arg(long, short = 'n', global = true, value_name = "NAMESPACE")]
     namespace: Option<String>,
+    /// Look the claim or pod up in every namespace (an error if the name is in several).
+    /// `devices` and `topology` always show the claims of every namespace.
+    #[arg(
+        long = "all-namespaces",
+        short = 'A',
+        global = true,
+        conflicts_with = "namespace"
+    )]
+    all_namespaces: bool,
+    /// How long to wait for each request to the API server before giving up, as kubectl:
+    /// a number of seconds or a duration (500ms, 30s, 2m); 0 waits forever.
+    #[arg(
+        long = "request-timeout",
+        global = true,
+        value_name = "DURATION",
+        default_value = "0",
+        value_parser = parse_timeout
+    )]
+    request_timeout: TimeoutFlag,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--request-timeout` parsed; `None` is no limit.
+#[derive(Debug, Clone, Copy)]
+struct TimeoutFlag(Option<Duration>);
+
+fn parse_timeout(s: &str) -> Result<TimeoutFlag, String> {
+    online::parse_request_timeout(s).map(TimeoutFlag)
 }
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Explain why a claim or a pod's claims are (not) allocatable.
+    ///
+    /// Exit status: 0 allocated or allocatable, 1 not allocatable, 3 cannot decide, 2 error.
     Explain {
+        /// What NAME is: a ResourceClaim (`claim`) or a Pod (`pod`, all its claims and
+        /// DRA-served extended resources).
         #[arg(value_enum)]
         kind: Kind,
+        /// Name of the claim or pod (its namespace: -n, or -A to find it).
         name: String,
         /// Only consider this node.
-        #[arg(long)]
+        #[arg(long, value_name = "NODE")]
         node: Option<String>,
+        /// Output format: text for people, json or yaml for scripts (the whole report).
         #[arg(long, short = 'o', value_enum, default_value_t = ExplainOutput::Text)]
         output: ExplainOutput,
     },
     /// List published devices, their key attributes, holders and taints.
     Devices {
-        #[arg(long)]
+        /// Only devices of this node.
+        #[arg(long, value_name = "NODE")]
         node: Option<String>,
-        #[arg(long)]
+        /// Only devices of this driver (e.g. efa.networking.k8s.aws, neuron.aws.com).
+        #[arg(long, value_name = "DRIVER")]
         driver: Option<String>,
+        /// Output format (default: a table): wide adds pool, slice, every attribute and
+        /// capacity; json or yaml give every row in full.
         #[arg(long, short = 'o', value_enum)]
         output: Option<DevicesOutput>,
+    },
+    /// Draw one node: PCIe roots with their GPUs and EFAs, Neuron chips on
+    /// their grid with device groups and NeuronCores, what is allocated (to
+    /// which claim), tainted or unhealthy.
+    Topology {
+        /// The node to draw (its name, as `kubectl get nodes` shows it).
+        node: String,
+        /// text: Unicode boxes for a terminal; svg: a standalone SVG image
+        /// for docs and tickets; json|yaml: the model the pictures are drawn from.
+        #[arg(long, short = 'o', value_enum, default_value_t = TopologyOutput::Text)]
+        output: TopologyOutput,
+        /// Colour in text output: auto (when stdout is a terminal and
+        /// NO_COLOR is unset), always or never.
+        #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
+        color: ColorChoice,
+    },
+    /// Print a shell completion script for kubectl-dra (bash, zsh or fish), as
+    /// `kubectl completion` does: e.g. `source <(kubectl-dra completion bash)`.
+    Completion {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: Shell,
     },
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum TopologyOutput {
+    Text,
+    Svg,
+    Json,
+    Yaml,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    /// `auto` follows the no-color.org convention: a set, non-empty
+    /// `NO_COLOR` turns colour off; so does stdout not being a terminal.
+    fn enabled(self) -> bool {
+        use std::io::IsTerminal as _;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                    && std::io::stdout().is_terminal()
+            }
+        }
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
 enum Kind {
+    /// A ResourceClaim.
     #[value(alias = "resourceclaim")]
     Claim,
+    /// A Pod: each of its claims.
     Pod,
 }
 
@@ -85,22 +191,38 @@ enum DevicesOutput {
     Yaml,
 }
 
-async fn load(cli: &Cli, pod: Option<&str>) -> Result<(Inventory, String)> {
-    if !cli.from_file.is_empty() {
-        let inventory = Inventory::from_files(&cli.from_file)?;
-        let namespace = cli
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_string());
-        return Ok((inventory, namespace));
-    }
-    let (client, default_ns) = online::connect(&Connection {
-        kubeconfig: cli.kubeconfig.clone(),
-        context: cli.context.clone(),
-    })
-    .await?;
-    let namespace = cli.namespace.clone().unwrap_or(default_ns);
-    let inventory = online::fetch(&client, &namespace, pod).await?;
+/// The objects and the namespace to work in. `find` is the claim or pod
+/// `explain` is about: with -A its namespace is looked up.
+async fn load(cli: &Cli, find: Option<(ObjectKind, &str)>) -> Result<(Inventory, String)> {
+    let pod = match find {
+        Some((ObjectKind::Pod, name)) => Some(name),
+        _ => None,
+    };
+    let offline = !cli.from_file.is_empty();
+    let (inventory, default_ns) = if offline {
+        (
+            Inventory::from_files(&cli.from_file)?,
+            "default".to_string(),
+        )
+    } else {
+        let (client, default_ns) = online::connect(&Connection {
+            kubeconfig: cli.kubeconfig.clone(),
+            context: cli.context.clone(),
+            request_timeout: cli.request_timeout.0,
+        })
+        .await?;
+        let inventory = if cli.all_namespaces {
+            online::fetch_all_namespaces(&client, pod).await?
+        } else {
+            let namespace = cli.namespace.as_deref().unwrap_or(&default_ns);
+            online::fetch(&client, namespace, pod).await?
+        };
+        (inventory, default_ns)
+    };
+    let namespace = match (cli.all_namespaces, find) {
+        (true, Some((kind, name))) => lookup::namespace_of(&inventory, kind, name, offline)?,
+        _ => cli.namespace.clone().unwrap_or(default_ns),
+    };
     Ok((inventory, namespace))
 }
 
@@ -119,16 +241,70 @@ fn print_structured<T: serde::Serialize>(value: &T, yaml: bool) -> Result<()> {
     Ok(())
 }
 
+/// The completion script for `shell`, for the `kubectl-dra` command (what
+/// the shell completes; `kubectl dra` itself is completed by kubectl).
+fn completion_script(shell: Shell) -> String {
+    use clap::CommandFactory as _;
+    let mut out = Vec::new();
+    match shell {
+        Shell::Bash => {
+            // clap_complete 4.6's bash script breaks on a hyphen in the command
+            // name (its case labels turn `-` into a subcommand separator, so
+            // nothing past the first word completes). Generated for
+            // `kubectl_dra`, then registered for the real name: the function
+            // itself never looks at the name.
+            clap_complete::generate(
+                clap_complete::Shell::Bash,
+                &mut Cli::command(),
+                "kubectl_dra",
+                &mut out,
+            );
+            let script = String::from_utf8_lossy(&out);
+            return script
+                .lines()
+                .map(
+                    |line| match line.trim_start().starts_with("complete -F _kubectl_dra") {
+                        true => line.replace(" kubectl_dra", " kubectl-dra"),
+                        false => line.to_string(),
+                    },
+                )
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n";
+        }
+        Shell::Zsh => clap_complete::generate(
+            clap_complete::Shell::Zsh,
+            &mut Cli::command(),
+            "kubectl-dra",
+            &mut out,
+        ),
+        Shell::Fish => clap_complete::generate(
+            clap_complete::Shell::Fish,
+            &mut Cli::command(),
+            "kubectl-dra",
+            &mut out,
+        ),
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 async fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
+        Command::Completion { shell } => {
+            print!("{}", completion_script(*shell));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Explain {
             kind,
             name,
             node,
             output,
         } => {
-            let pod = matches!(kind, Kind::Pod).then_some(name.as_str());
-            let (inventory, namespace) = load(&cli, pod).await?;
+            let object = match kind {
+                Kind::Claim => ObjectKind::Claim,
+                Kind::Pod => ObjectKind::Pod,
+            };
+            let (inventory, namespace) = load(&cli, Some((object, name.as_str()))).await?;
             let world = World::new(&inventory);
             let (subjects, mut scope) = match kind {
                 Kind::Claim => (
@@ -191,11 +367,38 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Topology {
+            node,
+            output,
+            color,
+        } => {
+            let (inventory, _) = load(&cli, None).await?;
+            let world = World::new(&inventory);
+            let picture = topology::build(&world, node)?;
+            match output {
+                TopologyOutput::Text => {
+                    print!("{}", topology::text::render(&picture, color.enabled()))
+                }
+                TopologyOutput::Svg => print!("{}", topology::svg::render(&picture)),
+                TopologyOutput::Json => print_structured(&picture, false)?,
+                TopologyOutput::Yaml => print_structured(&picture, true)?,
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
+/// The arguments, with usage and errors written as `kubectl dra …`, the way
+/// users call a plugin. (Set here, not on the derive: completion scripts are
+/// for the `kubectl-dra` command, and a space in their name breaks them.)
+fn parse_args() -> Cli {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let matches = Cli::command().bin_name("kubectl dra").get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse_args();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -212,5 +415,37 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    /// Every flag and argument of every subcommand says what it is for.
+    #[test]
+    fn every_argument_has_help() {
+        fn check(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {}", sub.get_name()));
+                }
+                check(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        check(&Cli::command(), "kubectl dra", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:?}");
+        Cli::command().debug_assert();
     }
 }

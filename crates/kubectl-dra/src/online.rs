@@ -1,8 +1,14 @@
 //! Reading the same objects from a live cluster, with kubectl's kubeconfig
 //! rules (`--kubeconfig`, `KUBECONFIG`, `~/.kube/config`, in-cluster;
-//! `--context`; the context's namespace unless `-n`).
+//! `--context`; the context's namespace unless `-n`; `-A`; kubectl's
+//! `--request-timeout`).
+//!
+//! Errors say what could not be read and what usually fixes it (RBAC, an
+//! API server older than `resource.k8s.io/v1`, a timeout), because the
+//! person reading them is stuck on a Pending pod, not debugging us.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
@@ -16,11 +22,14 @@ use crate::inventory::{Inventory, TaintRule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum OnlineError {
-    #[error("kubeconfig: {0}")]
+    #[error(
+        "kubeconfig: {0}; point --kubeconfig or KUBECONFIG at a valid file and pick a context \
+         with --context, or work offline with -f FILE (kubectl get … -o yaml dumps)"
+    )]
     Kubeconfig(String),
     #[error("cannot reach the API server: {0}")]
     Client(#[source] kube::Error),
-    #[error("listing {what}: {source}")]
+    #[error("listing {what}: {source}{}", list_hint(what, source))]
     List {
         what: &'static str,
         #[source]
@@ -28,11 +37,102 @@ pub enum OnlineError {
     },
 }
 
+/// The usual fix for a failed list, by what the server answered.
+fn list_hint(what: &str, e: &kube::Error) -> String {
+    let resource = what.to_lowercase();
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "; the user may not list {resource}: grant `list` on them (kubectl auth can-i list \
+             {resource}), or run offline on dumps with -f"
+        ),
+        kube::Error::Api(s) if s.code == 404 => format!(
+            "; the API server does not serve {resource} in the version kubectl-dra reads \
+             (resource.k8s.io/v1 needs Kubernetes 1.34 or later)"
+        ),
+        kube::Error::Api(s) if s.code == 401 => {
+            "; the credentials were refused: refresh them (log in again) or pick another \
+             --context"
+                .to_string()
+        }
+        other if is_timeout(other) => {
+            "; the request timed out: raise --request-timeout (0 waits forever) or check that \
+             the API server is reachable"
+                .to_string()
+        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) => {
+            "; check that the API server of the context is reachable (kubectl cluster-info), or \
+             work offline with -f"
+                .to_string()
+        }
+        _ => String::new(),
+    }
+}
+
+fn is_timeout(e: &kube::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        let text = s.to_string().to_lowercase();
+        if text.contains("timed out") || text.contains("timeout") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// kubectl's `--request-timeout`: `0` (no limit), a bare number of seconds,
+/// or Go duration syntax (`500ms`, `30s`, `1m30s`, `1.5h`).
+pub fn parse_request_timeout(s: &str) -> Result<Option<Duration>, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok((secs > 0).then(|| Duration::from_secs(secs)));
+    }
+    let invalid = || {
+        format!(
+            "invalid timeout {s:?}: use a number of seconds or a duration with units \
+             (500ms, 30s, 2m, 1h; 0 for none)"
+        )
+    };
+    let mut rest = s;
+    let mut total = 0f64;
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(invalid)?;
+        let (number, tail) = rest.split_at(digits);
+        let value: f64 = number.parse().map_err(|_| invalid())?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(invalid()),
+        };
+        total += value * scale;
+        rest = tail;
+    }
+    if !total.is_finite() || total > 1e9 {
+        return Err(invalid());
+    }
+    Ok((total > 0.0).then(|| Duration::from_secs_f64(total)))
+}
+
 /// How to connect, as kubectl's flags say.
 #[derive(Debug, Clone, Default)]
 pub struct Connection {
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
+    /// Limit on each request (connect, send, answer); `None` waits forever.
+    pub request_timeout: Option<Duration>,
 }
 
 /// A client and the namespace kubectl would default to.
@@ -56,6 +156,15 @@ pub async fn connect(conn: &Connection) -> Result<(Client, String), OnlineError>
             .await
             .map_err(|e| OnlineError::Kubeconfig(e.to_string()))?,
     };
+    let mut config = config;
+    if let Some(t) = conn.request_timeout {
+        config.connect_timeout = Some(t);
+        config.read_timeout = Some(t);
+        config.write_timeout = Some(t);
+        // The limit counts from each request, not from when a pooled
+        // connection went idle.
+        config.reset_reader_on_write = true;
+    }
     let namespace = config.default_namespace.clone();
     let client = Client::try_from(config).map_err(OnlineError::Client)?;
     Ok((client, namespace))
@@ -107,6 +216,27 @@ pub async fn fetch(
     namespace: &str,
     pod: Option<&str>,
 ) -> Result<Inventory, OnlineError> {
+    fetch_in(client, Some(namespace), pod).await
+}
+
+/// As [`fetch`], for `-A`: the templates of every namespace, and every pod
+/// called `pod` whatever its namespace.
+pub async fn fetch_all_namespaces(
+    client: &Client,
+    pod: Option<&str>,
+) -> Result<Inventory, OnlineError> {
+    fetch_in(client, None, pod).await
+}
+
+async fn fetch_in(
+    client: &Client,
+    namespace: Option<&str>,
+    pod: Option<&str>,
+) -> Result<Inventory, OnlineError> {
+    let templates = match namespace {
+        Some(ns) => Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns),
+        None => Api::<ResourceClaimTemplate>::all(client.clone()),
+    };
     let mut inventory = Inventory {
         slices: list(Api::<ResourceSlice>::all(client.clone()), "ResourceSlices").await?,
         classes: list(Api::<DeviceClass>::all(client.clone()), "DeviceClasses").await?,
@@ -116,15 +246,22 @@ pub async fn fetch(
             "Nodes",
         )
         .await?,
-        templates: list(
-            Api::<ResourceClaimTemplate>::namespaced(client.clone(), namespace),
-            "ResourceClaimTemplates",
-        )
-        .await?,
+        templates: list(templates, "ResourceClaimTemplates").await?,
         taint_rules: taint_rules(client).await?,
         ..Default::default()
     };
-    if let Some(name) = pod {
+    if let (Some(name), None) = (pod, namespace) {
+        let pods: Api<Pod> = Api::all(client.clone());
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        inventory.pods = pods
+            .list(&params)
+            .await
+            .map_err(|source| OnlineError::List {
+                what: "Pods",
+                source,
+            })?
+            .items;
+    } else if let (Some(name), Some(namespace)) = (pod, namespace) {
         let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
         if let Some(p) = pods
             .get_opt(name)
@@ -138,4 +275,29 @@ pub async fn fetch(
         }
     }
     Ok(inventory)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_timeouts_as_kubectl_reads_them() {
+        let ok = [
+            ("0", None),
+            ("5", Some(Duration::from_secs(5))),
+            ("500ms", Some(Duration::from_millis(500))),
+            ("30s", Some(Duration::from_secs(30))),
+            ("1m30s", Some(Duration::from_secs(90))),
+            ("1.5h", Some(Duration::from_secs(5400))),
+            ("0s", None),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_request_timeout(text), Ok(want), "{text}");
+        }
+        for bad in ["", "s", "5x", "-1", "1m30", "abc", "1e400h"] {
+            let e = parse_request_timeout(bad).expect_err(bad);
+            assert!(e.contains("invalid timeout"), "{bad}: {e}");
+        }
+    }
 }

@@ -132,3 +132,120 @@ fn errors_name_the_file_and_the_object() {
         "{err}"
     );
 }
+
+#[test]
+fn all_namespaces_finds_the_pod_or_says_where_it_is_ambiguous() {
+    let mut a = Vec::new();
+    for f in ["classes.yaml", "trn2-efa.yaml", "trn2-neuron.yaml"] {
+        a.extend(["-f".to_string(), fixture(f)]);
+    }
+    a.extend([
+        "-f".to_string(),
+        example("neuron/neuron-4-chips-with-efas.yaml"),
+    ]);
+    let mut found = a.clone();
+    found.extend(args(&["explain", "pod", "neuron-4-chips-with-efas", "-A"]));
+    let (code, out, err) = run(&found);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("Allocatable now"), "{out}");
+
+    // The state file holds claims in team-a and ops; a name in none of them.
+    a.extend(["-f".to_string(), fixture("trn1-state.yaml")]);
+    let mut missing = a.clone();
+    missing.extend(args(&["-A", "explain", "claim", "nowhere"]));
+    let (code, _, err) = run(&missing);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no ResourceClaim named \"nowhere\" in any namespace"),
+        "{err}"
+    );
+    let mut in_team_a = a.clone();
+    in_team_a.extend(args(&[
+        "-A",
+        "explain",
+        "claim",
+        "training-job",
+        "-o",
+        "json",
+    ]));
+    let (_, out, err) = run(&in_team_a);
+    assert!(out.contains("team-a/training-job"), "{out}{err}");
+
+    let (code, _, err) = run(&args(&["-A", "-n", "x", "devices"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot be used with"), "{err}");
+}
+
+/// A server that accepts connections and never answers: the request must
+/// give up after --request-timeout and say what to change.
+#[test]
+fn request_timeout_gives_up_and_names_the_flag() {
+    use std::io::Write as _;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let dir = std::env::temp_dir().join(format!("kubectl-dra-timeout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("config");
+    let mut f = std::fs::File::create(&kubeconfig).expect("kubeconfig");
+    write!(
+        f,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{port}\n\
+         contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: x}}\n"
+    )
+    .expect("write kubeconfig");
+    let started = std::time::Instant::now();
+    let (code, _, err) = run(&[
+        "--kubeconfig".to_string(),
+        kubeconfig.display().to_string(),
+        "--request-timeout".to_string(),
+        "1s".to_string(),
+        "devices".to_string(),
+    ]);
+    let took = started.elapsed();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("listing ResourceSlices"), "{err}");
+    assert!(err.contains("raise --request-timeout"), "{err}");
+    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+
+    let (code, _, err) = run(&args(&["--request-timeout", "2x", "devices"]));
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid timeout \"2x\""), "{err}");
+}
+
+#[test]
+fn help_describes_every_flag() {
+    // -h: the short form, one line per flag.
+    for sub in [
+        &["-h"][..],
+        &["explain", "-h"],
+        &["devices", "-h"],
+        &["topology", "-h"],
+    ] {
+        let (code, out, err) = run(&args(sub));
+        assert_eq!(code, 0, "{err}");
+        // Every option line has text after the flag itself.
+        let flags = out.lines().filter(|l| {
+            let t = l.trim_start();
+            t.starts_with("--") || (t.starts_with('-') && t[1..].starts_with(char::is_alphabetic))
+        });
+        for line in flags {
+            let flag_end = line
+                .trim_start()
+                .find("  ")
+                .unwrap_or_else(|| panic!("{sub:?}: no help on {line:?}\n{out}"));
+            assert!(
+                !line.trim_start()[flag_end..].trim().is_empty(),
+                "{sub:?}: no help on {line:?}"
+            );
+        }
+        assert!(out.contains("--request-timeout"), "{out}");
+        assert!(out.contains("--all-namespaces"), "{out}");
+    }
+}
