@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use kubectl_dra::cel::{Environment, Release};
 use kubectl_dra::devices::{self, Filter};
 use kubectl_dra::explain::{self, Allocatable, Explanation, Scope};
 use kubectl_dra::inventory::Inventory;
@@ -36,6 +37,10 @@ struct Cli {
     /// Namespace of the claim or pod (default: the context's, else "default").
     #[arg(long, short = 'n', global = true)]
     namespace: Option<String>,
+    /// The Kubernetes release (1.34 to 1.37) whose CEL environment judges selectors: what its
+    /// API server refuses is reported as an invalid selector.
+    #[arg(long = "kubernetes-version", global = true, default_value_t = Release::default())]
+    kubernetes_version: Release,
     #[command(subcommand)]
     command: Command,
 }
@@ -129,7 +134,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => {
             let pod = matches!(kind, Kind::Pod).then_some(name.as_str());
             let (inventory, namespace) = load(&cli, pod).await?;
-            let world = World::new(&inventory);
+            let mut world = World::new(&inventory);
+            world.env = Environment::for_release(cli.kubernetes_version);
             let (subjects, mut scope) = match kind {
                 Kind::Claim => (
                     explain::subjects_for_claim(&inventory, &namespace, name)?,
@@ -175,7 +181,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             output,
         } => {
             let (inventory, _) = load(&cli, None).await?;
-            let world = World::new(&inventory);
+            let mut world = World::new(&inventory);
+            world.env = Environment::for_release(cli.kubernetes_version);
             let rows = devices::rows(
                 &world,
                 &Filter {

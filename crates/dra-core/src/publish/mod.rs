@@ -8,7 +8,6 @@
 mod backoff;
 pub mod desired;
 pub mod publisher;
-pub(crate) mod quantity;
 pub mod reconcile;
 pub mod validate;
 
