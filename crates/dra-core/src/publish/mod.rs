@@ -10,6 +10,7 @@ mod backoff;
 pub mod clash;
 pub mod desired;
 pub mod publisher;
+pub(crate) mod quantity;
 pub mod reconcile;
 pub mod validate;
 
