@@ -76,15 +76,22 @@ impl DriverKind {
     /// How many devices the driver publishes for `fixture` on the
     /// selected Kubernetes release: the Neuron driver adds one device per
     /// NeuronCore where the release serves partitionable devices
-    /// ([`cores_published`]).
+    /// ([`cores_published`]), and there too the whole-node device of a Trn2
+    /// UltraServer member (it needs counters as well).
     pub fn expected_devices(self, fixture: &Fixture) -> usize {
+        let ultraserver_member = fixture.spec.neuron.as_ref().is_some_and(|n| {
+            matches!(n.ultraserver, sysfs_fixtures::UltraServerSpec::Member { .. })
+        });
         match self {
             DriverKind::Efa => fixture.efas.len(),
-            DriverKind::Neuron if cores_published() => fixture
-                .neuron_chips
-                .iter()
-                .map(|c| 1 + c.core_count as usize)
-                .sum(),
+            DriverKind::Neuron if cores_published() => {
+                fixture
+                    .neuron_chips
+                    .iter()
+                    .map(|c| 1 + c.core_count as usize)
+                    .sum::<usize>()
+                    + usize::from(ultraserver_member)
+            }
             DriverKind::Neuron => fixture.neuron_chips.len(),
             DriverKind::GpuTest => fixture.gpus.len(),
         }

@@ -38,7 +38,12 @@ fn int_attr(d: &Device, name: &str) -> Option<i64> {
 }
 
 /// Instance types whose EFAs get the AWS device-group attributes.
-const DEVICE_GROUP_TYPES: &[&str] = &["trn1.32xlarge", "trn1n.32xlarge", "trn2.48xlarge"];
+const DEVICE_GROUP_TYPES: &[&str] = &[
+    "trn1.32xlarge",
+    "trn1n.32xlarge",
+    "trn2.48xlarge",
+    "trn2u.48xlarge",
+];
 
 #[test]
 fn every_fixture_every_attribute() {

@@ -24,6 +24,7 @@ fn counts_per_instance_type() {
         ("trn1.32xlarge", 0, 8, 16, 2),
         ("trn1n.32xlarge", 0, 16, 16, 2),
         ("trn2.48xlarge", 0, 16, 16, 8),
+        ("trn2u.48xlarge", 0, 16, 16, 8),
         ("inf2.48xlarge", 0, 0, 12, 2),
         ("m5.8xlarge", 0, 0, 0, 0),
     ];

@@ -70,7 +70,7 @@ fn assert_place(d: &PciDevice, root: &str, numa: Option<u32>, bridges: &[String]
 
 #[test]
 fn every_fixture_reads_back_as_described() {
-    assert_eq!(instance_types().len(), 8);
+    assert_eq!(instance_types().len(), 9);
     for t in instance_types() {
         let s = load(t);
         let f = &s.fixture;
