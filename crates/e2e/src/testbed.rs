@@ -80,7 +80,10 @@ impl DriverKind {
     /// UltraServer member (it needs counters as well).
     pub fn expected_devices(self, fixture: &Fixture) -> usize {
         let ultraserver_member = fixture.spec.neuron.as_ref().is_some_and(|n| {
-            matches!(n.ultraserver, sysfs_fixtures::UltraServerSpec::Member { .. })
+            matches!(
+                n.ultraserver,
+                sysfs_fixtures::UltraServerSpec::Member { .. }
+            )
         });
         match self {
             DriverKind::Efa => fixture.efas.len(),

@@ -108,7 +108,7 @@ pub struct Files {
 /// Reads the class-level files of `class` (`<sysfs>/class/neuron_device`).
 /// A file that cannot be read counts as absent, with a warning.
 pub fn read_files(class: &Path) -> Files {
-    let read = |name: &str| match read_attr(&class.join(name)) {
+    let read = |name: &str| match read_attr(class.join(name)) {
         Ok(v) => v,
         Err(error) => {
             tracing::warn!(%error, file = name, "UltraServer file unreadable");
