@@ -166,6 +166,10 @@ pub async fn connect(conn: &Connection) -> Result<(Client, String), OnlineError>
         config.reset_reader_on_write = true;
     }
     let namespace = config.default_namespace.clone();
+    // rustls refuses to guess when feature unification (a workspace build,
+    // `cargo test --workspace`) compiles in more than one crypto provider:
+    // pick ring, as kube is configured. Err only means one is already set.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = Client::try_from(config).map_err(OnlineError::Client)?;
     Ok((client, namespace))
 }
