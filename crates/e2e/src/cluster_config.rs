@@ -39,6 +39,15 @@ impl NodeSpec {
         self.labels.insert(key.to_string(), value.to_string());
         self
     }
+
+    /// A node for the fixture `fixture` (an instance type, or a variant
+    /// such as `trn2u.48xlarge@node1`), labelled with its instance type.
+    pub fn for_fixture(name: &str, fixture: &str) -> Self {
+        Self::new(name).label(
+            "node.kubernetes.io/instance-type",
+            sysfs_fixtures::instance_type_of(fixture),
+        )
+    }
 }
 
 /// What to start.

@@ -94,12 +94,7 @@ impl LocalTestbed {
             audit_log: options.audit_log,
             kubelet_sync_frequency: options.kubelet_sync_frequency,
             nodes: (options.nodes.iter())
-                .map(|(n, t, _)| {
-                    NodeSpec::new(n).label(
-                        "node.kubernetes.io/instance-type",
-                        sysfs_fixtures::instance_type_of(t),
-                    )
-                })
+                .map(|(n, t, _)| NodeSpec::for_fixture(n, t))
                 .collect(),
             ..ClusterConfig::with_nodes(&[])
         };
@@ -422,10 +417,7 @@ impl Testbed for LocalTestbed {
         {
             let mut cluster = self.cluster.lock().await;
             cluster
-                .add_node_now(&NodeSpec::new(name).label(
-                    "node.kubernetes.io/instance-type",
-                    sysfs_fixtures::instance_type_of(instance_type),
-                ))
+                .add_node_now(&NodeSpec::for_fixture(name, instance_type))
                 .await?;
         }
         self.setup_node(name, instance_type, drivers).await

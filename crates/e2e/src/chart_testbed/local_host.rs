@@ -55,12 +55,7 @@ pub fn local_node_name(role: &str) -> String {
 }
 
 fn node_spec(role: &str, instance_type: &str) -> NodeSpec {
-    NodeSpec::new(&local_node_name(role))
-        .label(
-            "node.kubernetes.io/instance-type",
-            sysfs_fixtures::instance_type_of(instance_type),
-        )
-        .label(ROLE_LABEL, role)
+    NodeSpec::for_fixture(&local_node_name(role), instance_type).label(ROLE_LABEL, role)
 }
 
 /// [`ChartHost`] on a [`LocalCluster`].
