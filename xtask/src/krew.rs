@@ -30,7 +30,7 @@ pub struct KrewArgs {
     #[arg(long)]
     version: String,
     /// Where the archives are published: each URI is BASE_URL/ARCHIVE-FILE-NAME
-    /// (e.g. https://github.com/aws-dra/aws-dra-drivers/releases/download/v0.1.0).
+    /// (e.g. `https://github.com/aws-dra/aws-dra-drivers/releases/download/v0.1.0`).
     #[arg(long)]
     base_url: String,
     /// Write the manifest to this file (default: standard output).
