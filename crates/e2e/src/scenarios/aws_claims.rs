@@ -203,6 +203,15 @@ async fn run_group(
     Ok(out)
 }
 
+/// The values of the variable `key` across the pods of a group (`""` for a
+/// pod without it).
+fn env_values<'a>(group: &'a [(String, BTreeMap<String, String>)], key: &str) -> BTreeSet<&'a str> {
+    group
+        .iter()
+        .map(|(_, e)| e.get(key).map_or("", String::as_str))
+        .collect()
+}
+
 /// Scenario 27: a Trn2 UltraServer of 4 kubelets.
 pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
     for (name, fixture) in ULTRASERVER {
@@ -260,20 +269,8 @@ pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
     let group = run_group(tb, ns, "g4", 4, template, base_pod, LABEL_SERVER_ID_4).await?;
     let nodes: BTreeSet<&str> = group.iter().map(|(n, _)| n.as_str()).collect();
     ensure!(nodes.len() == 4, "group of 4 on {nodes:?}");
-    let server: BTreeSet<&str> = group
-        .iter()
-        .map(|(_, e)| {
-            e.get("NEURON_RT_ULTRASERVER_SERVER_ID")
-                .map_or("", String::as_str)
-        })
-        .collect();
-    let node_ids: BTreeSet<&str> = group
-        .iter()
-        .map(|(_, e)| {
-            e.get("NEURON_RT_ULTRASERVER_NODE_ID")
-                .map_or("", String::as_str)
-        })
-        .collect();
+    let server = env_values(&group, "NEURON_RT_ULTRASERVER_SERVER_ID");
+    let node_ids = env_values(&group, "NEURON_RT_ULTRASERVER_NODE_ID");
     ensure!(
         server.len() == 1
             && server.iter().all(|s| ids.values().any(|(_, id4)| id4 == s))
@@ -295,20 +292,8 @@ pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
         let group = run_group(tb, ns, g, 2, &template, base_pod, LABEL_SERVER_ID_2).await?;
         let server: BTreeSet<String> = group.iter().map(|(n, _)| ids[n].0.clone()).collect();
         ensure!(server.len() == 1, "{g} spans 2-node sets: {group:?}");
-        let env_ids: BTreeSet<&str> = group
-            .iter()
-            .map(|(_, e)| {
-                e.get("NEURON_RT_ULTRASERVER_SERVER_ID")
-                    .map_or("", String::as_str)
-            })
-            .collect();
-        let node_ids: BTreeSet<&str> = group
-            .iter()
-            .map(|(_, e)| {
-                e.get("NEURON_RT_ULTRASERVER_NODE_ID")
-                    .map_or("", String::as_str)
-            })
-            .collect();
+        let env_ids = env_values(&group, "NEURON_RT_ULTRASERVER_SERVER_ID");
+        let node_ids = env_values(&group, "NEURON_RT_ULTRASERVER_NODE_ID");
         ensure!(
             env_ids
                 .iter()
