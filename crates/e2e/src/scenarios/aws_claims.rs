@@ -3,11 +3,12 @@
 //! 4 and of 2 pods each on one set with consistent ids, and the clear
 //! refusal of a mode a node does not support.
 //!
-//! LeaderWorkerSet is not used: its controller is one more Go build and
-//! process for what, at the scheduler, is one required pod affinity on the
-//! UltraServer label it would add (`exclusive-topology`). The pods here
-//! carry that affinity themselves, which is what LeaderWorkerSet's webhook
-//! writes into each pod of a group.
+//! LeaderWorkerSet is not used: the Go module proxy this project builds
+//! from answers `403 Forbidden` for `sigs.k8s.io/lws` (checked 2026-12-03),
+//! so its controller cannot be built here. At the scheduler, its
+//! `exclusive-topology` annotation is one required pod affinity on the
+//! UltraServer label, which its webhook writes into each pod of a group;
+//! the pods here carry that affinity themselves.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
