@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, VolumeMount};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -414,6 +414,55 @@ fn check_security_context(expect: &Expect, c: &Container) -> Result<()> {
     Ok(())
 }
 
+/// The API token is mounted explicitly and read-only, not by the
+/// ServiceAccount admission into every container: automount off, one
+/// projected volume with a bound token, the cluster CA and the namespace at
+/// the path clients look in.
+fn check_api_access(pod: &PodSpec, mounts: &[VolumeMount]) -> Result<()> {
+    ensure!(
+        pod.automount_service_account_token == Some(false),
+        "automountServiceAccountToken must be false (the token is mounted explicitly as api-access)"
+    );
+    let m = mounts
+        .iter()
+        .find(|m| m.name == "api-access")
+        .context("no volumeMount api-access: the driver needs its token")?;
+    ensure!(
+        m.mount_path == "/var/run/secrets/kubernetes.io/serviceaccount"
+            && m.read_only == Some(true),
+        "api-access must be mounted read-only at /var/run/secrets/kubernetes.io/serviceaccount, got {} (readOnly {:?})",
+        m.mount_path,
+        m.read_only
+    );
+    let sources = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "api-access")
+        .and_then(|v| v.projected.as_ref())
+        .and_then(|p| p.sources.as_deref())
+        .context("volume api-access must be a projected volume")?;
+    let token = sources
+        .iter()
+        .find_map(|s| s.service_account_token.as_ref());
+    ensure!(
+        token.is_some_and(|t| t.path == "token" && t.audience.is_none()),
+        "api-access must project the service account token as `token` for the API server's audience"
+    );
+    ensure!(
+        sources.iter().any(|s| s
+            .config_map
+            .as_ref()
+            .is_some_and(|c| c.name == "kube-root-ca.crt")),
+        "api-access must project the cluster CA (ConfigMap kube-root-ca.crt)"
+    );
+    ensure!(
+        sources.iter().any(|s| s.downward_api.is_some()),
+        "api-access must project the namespace (downward API)"
+    );
+    Ok(())
+}
+
 /// Every host directory at the same path inside the container, read-only
 /// where the driver only reads, and no other mount.
 fn check_host_mounts(
@@ -468,8 +517,9 @@ fn check_host_mounts(
             "volume {name}: readOnly {ro}, want {read_only}"
         );
     }
+    check_api_access(pod, mounts)?;
     ensure!(
-        mounts.len() == 5,
+        mounts.len() == 6,
         "unexpected extra mounts: {} ({:?})",
         mounts.len(),
         mounts.iter().map(|m| m.name.as_str()).collect::<Vec<_>>()

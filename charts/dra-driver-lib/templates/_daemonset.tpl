@@ -45,8 +45,11 @@ spec:
       {{- end }}
     spec:
       serviceAccountName: {{ include "dra-driver-lib.serviceAccountName" . }}
-      # The token is needed: the driver reads claims and writes its slices.
-      automountServiceAccountToken: true
+      # The token is needed (the driver reads claims and writes its slices),
+      # but it is mounted explicitly below ("api-access", the same projected
+      # files the ServiceAccount admission would add) into the one container
+      # that uses it, rather than automatically into every container.
+      automountServiceAccountToken: false
       {{- with .Values.priorityClassName }}
       # Losing the plugin means the node's devices cannot be prepared or
       # released: it must not be evicted before the workloads it serves.
@@ -160,6 +163,9 @@ spec:
             - name: dev
               mountPath: {{ $devMount | quote }}
               readOnly: true
+            - name: api-access
+              mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+              readOnly: true
       volumes:
         - name: plugins-registry
           hostPath:
@@ -183,4 +189,24 @@ spec:
           hostPath:
             path: {{ $devMount | quote }}
             type: DirectoryOrCreate
+        # What the ServiceAccount admission plugin would mount: a bound token
+        # (kubelet rotates it; the client re-reads the file), the cluster CA
+        # and the namespace.
+        - name: api-access
+          projected:
+            sources:
+              - serviceAccountToken:
+                  path: token
+                  expirationSeconds: 3607
+              - configMap:
+                  name: kube-root-ca.crt
+                  items:
+                    - key: ca.crt
+                      path: ca.crt
+              - downwardAPI:
+                  items:
+                    - path: namespace
+                      fieldRef:
+                        apiVersion: v1
+                        fieldPath: metadata.namespace
 {{- end -}}
