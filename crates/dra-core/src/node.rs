@@ -9,7 +9,6 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
-use crate::publish::quantity::QuantityValue;
 use crate::publish::{Backoff, BackoffConfig, NodeOwner};
 
 /// The Node could not be read.
@@ -91,7 +90,9 @@ pub fn device_plugin_resources_present(node: &Node, resource_names: &[&str]) -> 
                 .get(**name)
                 // An unparsable quantity is treated as present: refusing to start
                 // is the safe side of a double allocation.
-                .is_some_and(|q| QuantityValue::parse(&q.0).is_none_or(|v| v.is_positive()))
+                .is_some_and(|q| {
+                    k8s_quantity::Quantity::parse(&q.0).map_or(true, |v| v.is_positive())
+                })
         })
         .map(|name| (*name).to_owned())
         .collect()

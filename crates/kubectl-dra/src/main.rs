@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use kubectl_dra::cel::{Environment, Release};
 use kubectl_dra::devices::{self, Filter};
 use kubectl_dra::explain::{self, Allocatable, Explanation, Scope};
 use kubectl_dra::inventory::Inventory;
@@ -62,6 +63,10 @@ struct Cli {
         value_parser = parse_timeout
     )]
     request_timeout: TimeoutFlag,
+    /// The Kubernetes release (1.34 to 1.37) whose CEL environment judges selectors: what its
+    /// API server refuses is reported as an invalid selector.
+    #[arg(long = "kubernetes-version", global = true, default_value_t = Release::default())]
+    kubernetes_version: Release,
     #[command(subcommand)]
     command: Command,
 }
@@ -305,7 +310,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 Kind::Pod => ObjectKind::Pod,
             };
             let (inventory, namespace) = load(&cli, Some((object, name.as_str()))).await?;
-            let world = World::new(&inventory);
+            let mut world = World::new(&inventory);
+            world.env = Environment::for_release(cli.kubernetes_version);
             let (subjects, mut scope) = match kind {
                 Kind::Claim => (
                     explain::subjects_for_claim(&inventory, &namespace, name)?,
@@ -351,7 +357,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             output,
         } => {
             let (inventory, _) = load(&cli, None).await?;
-            let world = World::new(&inventory);
+            let mut world = World::new(&inventory);
+            world.env = Environment::for_release(cli.kubernetes_version);
             let rows = devices::rows(
                 &world,
                 &Filter {

@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint, ResourceClaim};
 
-use crate::cel::{DeviceValue, Environment, Quantity, split_attribute_name};
+use crate::cel::{DeviceValue, Environment, split_attribute_name};
 use crate::inventory::Inventory;
+use k8s_quantity::Quantity;
 
 /// Driver, pool and device name: how allocation results name a device.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]

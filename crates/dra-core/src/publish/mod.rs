@@ -10,7 +10,6 @@ mod backoff;
 pub mod clash;
 pub mod desired;
 pub mod publisher;
-pub(crate) mod quantity;
 pub mod reconcile;
 pub mod validate;
 

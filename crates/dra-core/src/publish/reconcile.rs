@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::quantity::quantities_equal;
+use k8s_quantity::quantities_equal;
 
 /// One API call.
 #[derive(Debug, Clone, PartialEq)]

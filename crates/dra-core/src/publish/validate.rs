@@ -21,8 +21,6 @@ use std::fmt;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
-use super::quantity::QuantityValue;
-
 /// Longest string or version attribute value the API server accepts, in bytes.
 pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 /// Most attributes plus capacities one device may carry.
@@ -288,7 +286,10 @@ fn validate_device(driver: &str, device: &Device, issues: &mut Vec<ValidationIss
                 continue;
             }
         };
-        if QuantityValue::parse(&cap.value.0).is_none() {
+        // Too large to hold exactly is still a quantity to the API server.
+        if let Err(k8s_quantity::QuantityError::Syntax(_)) =
+            k8s_quantity::Quantity::parse(&cap.value.0)
+        {
             issues.push(dropped(IssueReason::InvalidQuantity));
             continue;
         }
@@ -405,39 +406,11 @@ pub(crate) fn is_dns_subdomain(s: &str) -> bool {
 }
 
 /// SemVer 2.0.0 (semver.org grammar): `MAJOR.MINOR.PATCH[-pre][+build]`,
-/// no leading zeros in numeric parts or numeric pre-release identifiers.
+/// no leading zeros in numeric parts or numeric pre-release identifiers, as
+/// the API server parses version attributes. The `semver` crate is the one
+/// SemVer grammar of the workspace: kube-cel's `semver()` parses with it too.
 pub(crate) fn is_semver(s: &str) -> bool {
-    let (rest, build) = match s.split_once('+') {
-        Some((r, b)) => (r, Some(b)),
-        None => (s, None),
-    };
-    let (core, pre) = match rest.split_once('-') {
-        Some((c, p)) => (c, Some(p)),
-        None => (rest, None),
-    };
-    let numeric = |p: &str| {
-        !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) && (p == "0" || !p.starts_with('0'))
-    };
-    let ident_chars =
-        |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
-    let core_parts: Vec<&str> = core.split('.').collect();
-    if core_parts.len() != 3 || !core_parts.iter().all(|p| numeric(p)) {
-        return false;
-    }
-    if let Some(pre) = pre {
-        let ok = pre
-            .split('.')
-            .all(|id| ident_chars(id) && (!id.bytes().all(|b| b.is_ascii_digit()) || numeric(id)));
-        if !ok {
-            return false;
-        }
-    }
-    if let Some(build) = build
-        && !build.split('.').all(ident_chars)
-    {
-        return false;
-    }
-    true
+    semver::Version::parse(s).is_ok()
 }
 
 #[cfg(test)]

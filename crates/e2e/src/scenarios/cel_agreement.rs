@@ -8,8 +8,10 @@
 //!    devices it allocated on that node; where it does not, ours must find
 //!    no device on any node, or a runtime error; and `explain`'s verdict must
 //!    be allocatable / not allocatable accordingly. An expression the API
-//!    server refuses never reaches the scheduler and is left out (at least
-//!    50 must be compared).
+//!    server refuses never reaches the scheduler: kubectl-dra must call it an
+//!    invalid selector for that release, and must accept every other one.
+//!    One that kubectl-dra cannot decide is a failure. The selectors are in
+//!    `data/cel-selectors.txt` (at least 200).
 //! 2. Holding claim: every trn2 EFA held by one claim, a second claim wants
 //!    one of them: Pending, and explain names the holder.
 //!
@@ -24,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kubectl_dra::cel::{Outcome, Selector};
+use kubectl_dra::cel::{Environment, Outcome, Release, Selector};
 use kubectl_dra::explain::{self, Allocatable, Scope, Subject};
 use kubectl_dra::online;
 use kubectl_dra::world::World;
@@ -39,191 +41,41 @@ const EFA: &str = "efa.networking.k8s.aws";
 const NEURON: &str = "neuron.aws.com";
 const GPU: &str = "gpu.nvidia.com";
 
-/// (DeviceClass, selector). `E`, `N`, `K`, `A` stand for the EFA and
-/// Neuron driver domains, `resource.kubernetes.io` and `resource.aws.com`.
-const EXPRESSIONS: &[(&str, &str)] = &[
-    // strings
-    (EFA, r#"device.driver == "efa.networking.k8s.aws""#),
-    (
-        EFA,
-        r#"device.attributes["E"].instanceType == "trn2.48xlarge""#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].instanceType.startsWith("p5")"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].instanceType.endsWith(".48xlarge")"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].instanceType.contains("trn")"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].instanceType.matches("^p[0-9]+\\.")"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].instanceType in ["trn2.48xlarge", "trn1.32xlarge"]"#,
-    ),
-    (EFA, r#"device.attributes["K"].pcieRoot == "pci0000:44""#),
-    (
-        EFA,
-        r#"device.attributes["K"].pcieRoot in ["pci0000:44", "pci0000:55"]"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["K"].pcieRoot.endsWith("44") || device.attributes["K"].pcieRoot.endsWith("55")"#,
-    ),
-    (EFA, r#"device.attributes["E"].rdmaDevice.size() == 9"#),
-    (EFA, r#"device.attributes["E"].rdmaDevice.matches("s0$")"#),
-    (
-        EFA,
-        r#"!(device.attributes["E"].instanceType == "p5.48xlarge")"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].pciDeviceId.lowerAscii() == "0xefa1""#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].pciDeviceId.upperAscii() == "0XEFA1""#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].pciDeviceId.replace("0x", "") == "efa1""#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].pciDeviceId.indexOf("efa") == 2"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["K"].pcieRoot.substring(0, 7) == "pci0000""#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["K"].pciBusID.split(":")[1] == "4f""#,
-    ),
-    (
-        NEURON,
-        r#"device.attributes["N"].neuronDriverVersion.startsWith("2.")"#,
-    ),
-    (
-        NEURON,
-        r#"device.attributes["A"].devicegroup1_id.contains(":")"#,
-    ),
-    // ints
-    (EFA, r#"device.attributes["K"].numaNode == 1"#),
-    (
-        EFA,
-        r#"device.attributes["K"].numaNode >= 1 && device.attributes["E"].instanceType == "p5.48xlarge""#,
-    ),
-    (EFA, r#"device.attributes["E"].efaGeneration == 2"#),
-    (EFA, r#"device.attributes["E"].efaGeneration > 2"#),
-    (EFA, r#"device.attributes["E"].efaGeneration == "2""#),
-    (NEURON, r#"device.attributes["N"].deviceId < 4"#),
-    (NEURON, r#"device.attributes["N"].deviceId % 2 == 0"#),
-    (NEURON, r#"device.attributes["N"].topology_x == 1"#),
-    (NEURON, r#"device.attributes["N"].coreCount * 2 == 16"#),
-    (
-        NEURON,
-        r#"device.attributes["N"].deviceId in [0, 5, 10, 15]"#,
-    ),
-    (GPU, r#"device.attributes["gpu.nvidia.com"].index >= 4"#),
-    // bools (no driver publishes a bool attribute; these are bool-typed expressions)
-    (EFA, r#"device.allowMultipleAllocations == false"#),
-    (
-        EFA,
-        r#"(device.attributes["E"].efaGeneration == 2) == true"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].instanceType == "p5.48xlarge" ? device.attributes["K"].numaNode == 1 : false"#,
-    ),
-    // versions and semver
-    (
-        EFA,
-        r#"device.attributes["E"].draDriverVersion.compareTo(semver("0.1.0")) == 0"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].draDriverVersion.isGreaterThan(semver("0.0.9"))"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].draDriverVersion.isLessThan(semver("0.1.0-rc.1"))"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].draDriverVersion == semver("0.1.0")"#,
-    ),
-    (
-        EFA,
-        r#"device.attributes["E"].draDriverVersion.major() == 0 && device.attributes["E"].draDriverVersion.minor() == 1"#,
-    ),
-    (EFA, r#"isSemver(device.attributes["E"].efaDriverVersion)"#),
-    (
-        EFA,
-        r#"semver(device.attributes["E"].firmwareVersion).patch() == 0"#,
-    ),
-    (
-        NEURON,
-        r#"device.attributes["N"].draDriverVersion.compareTo(semver("v0.1", true)) == 0"#,
-    ),
-    // optional fields and has()
-    (EFA, r#"device.attributes["K"].?numaNode.orValue(-1) == 0"#),
-    (EFA, r#"has(device.attributes["A"].devicegroup4_id)"#),
-    (
-        EFA,
-        r#"device.attributes["A"].?devicegroup4_id.orValue("none") == "none""#,
-    ),
-    (EFA, r#"device.attributes["E"].?noSuchAttribute.hasValue()"#),
-    (NEURON, r#"device.capacity["N"].?nothing.hasValue()"#),
-    // quantities and capacity
-    (
-        NEURON,
-        r#"device.capacity["N"].memory.compareTo(quantity("64Gi")) > 0"#,
-    ),
-    (
-        NEURON,
-        r#"device.capacity["N"].memory.isLessThan(quantity("40Gi"))"#,
-    ),
-    (NEURON, r#"device.capacity["N"].cores.asInteger() == 8"#),
-    (
-        NEURON,
-        r#"device.capacity["N"].memory.add(quantity("4Gi")) == quantity("100Gi")"#,
-    ),
-    (
-        NEURON,
-        r#"device.capacity["N"].cores.sign() == 1 && device.capacity["N"].cores.isInteger()"#,
-    ),
-    (
-        GPU,
-        r#"device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("80Gi")) == 0"#,
-    ),
-    (EFA, r#"quantity("1Gi").isGreaterThan(quantity("1G"))"#),
-    (EFA, r#"quantity("1.5").isInteger()"#),
-    // lists and macros
-    (
-        EFA,
-        r#"["p5.48xlarge"].exists(t, t == device.attributes["E"].instanceType)"#,
-    ),
-    (EFA, r#"size(device.attributes["E"]) > 5"#),
-    // failures at run time
-    (EFA, r#"device.attributes["E"].noSuch == 1"#),
-    (EFA, r#"device.attributes["E"].instanceType > 5"#),
-    (
-        EFA,
-        r#"device.attributes["K"].numaNode == 0 && device.attributes["A"].devicegroup1_id != """#,
-    ),
-    (
-        NEURON,
-        r#"semver(device.attributes["N"].neuronDriverVersion).major() == 2"#,
-    ),
-];
+/// The selectors of the differential test, one per line (see the file's
+/// header): kept as data so that adding a case is adding a line.
+const SELECTORS: &str = include_str!("../../data/cel-selectors.txt");
+
+/// At least this many selectors, so that every function of every library
+/// of the DRA environment is covered (issue 31).
+const MIN_SELECTORS: usize = 200;
+
+/// (DeviceClass, expression) of each line of [`SELECTORS`].
+fn expressions() -> Result<Vec<(&'static str, String)>> {
+    let mut out = Vec::new();
+    for (n, line) in SELECTORS.lines().enumerate() {
+        let line = line.trim_end();
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((class, expr)) = line.split_once(char::is_whitespace) else {
+            bail!(
+                "cel-selectors.txt line {}: no expression after the class",
+                n + 1
+            );
+        };
+        let class = match class {
+            "efa" => EFA,
+            "neuron" => NEURON,
+            "gpu" => GPU,
+            other => bail!(
+                "cel-selectors.txt line {}: class {other:?} is not efa, neuron or gpu",
+                n + 1
+            ),
+        };
+        out.push((class, expand(expr.trim_start())));
+    }
+    Ok(out)
+}
 
 fn expand(expr: &str) -> String {
     expr.replace(r#"["E"]"#, r#"["efa.networking.k8s.aws"]"#)
@@ -232,7 +84,7 @@ fn expand(expr: &str) -> String {
         .replace(r#"["A"]"#, r#"["resource.aws.com"]"#)
 }
 
-const SETTLE: Duration = Duration::from_secs(180);
+const SETTLE: Duration = Duration::from_secs(300);
 
 /// What the scheduler did with a pod's claims: allocated (node, devices), or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,6 +147,7 @@ fn our_selection(
                 Outcome::Match => {}
                 Outcome::NoMatch => continue 'devices,
                 Outcome::RuntimeError(e) => return Err(format!("runtime error on {}: {e}", d.id)),
+                Outcome::Invalid(e) => return Err(format!("INVALID: {e}")),
                 Outcome::Unsupported(e) => return Err(format!("UNSUPPORTED on {}: {e}", d.id)),
             }
         }
@@ -307,7 +160,11 @@ fn our_selection(
 
 /// Creates every claim and pod of the batch; returns the expressions the
 /// API server refused, by index.
-async fn create_batch(tb: &impl Testbed, ns: &str) -> Result<BTreeMap<usize, String>> {
+async fn create_batch(
+    tb: &impl Testbed,
+    ns: &str,
+    expressions: &[(&str, String)],
+) -> Result<BTreeMap<usize, String>> {
     // Admin access needs the namespace label.
     let namespaces: Api<Namespace> = Api::all(tb.client());
     namespaces
@@ -319,14 +176,14 @@ async fn create_batch(tb: &impl Testbed, ns: &str) -> Result<BTreeMap<usize, Str
         .await
         .context("labelling the namespace for admin access")?;
     let mut refused = BTreeMap::new();
-    for (i, (class, expr)) in EXPRESSIONS.iter().enumerate() {
-        let name = format!("cel-{i:02}");
+    for (i, (class, expr)) in expressions.iter().enumerate() {
+        let name = format!("cel-{i:03}");
         let claim = json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": "r", "exactly": {
                 "deviceClassName": class, "allocationMode": "All", "adminAccess": true,
-                "selectors": [{"cel": {"expression": expand(expr)}}],
+                "selectors": [{"cel": {"expression": expr}}],
             }}]}},
         });
         if let Err(e) = kit::apply_all(tb, ns, &[claim]).await {
@@ -345,20 +202,30 @@ async fn create_batch(tb: &impl Testbed, ns: &str) -> Result<BTreeMap<usize, Str
 
 async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
     let started = Instant::now();
-    let refused = create_batch(tb, ns).await?;
-    let compared = EXPRESSIONS.len() - refused.len();
-    if compared < 50 {
+    let expressions = expressions()?;
+    if expressions.len() < MIN_SELECTORS {
         bail!(
-            "the API server refused {} expressions, fewer than 50 left: {refused:?}",
-            refused.len()
+            "cel-selectors.txt has {} selectors, fewer than {MIN_SELECTORS}",
+            expressions.len()
         );
     }
+    let version = tb
+        .client()
+        .apiserver_version()
+        .await
+        .context("asking the API server its version")?;
+    let release: Release = version
+        .git_version
+        .parse()
+        .with_context(|| format!("the API server is {}", version.git_version))?;
+    let refused = create_batch(tb, ns, &expressions).await?;
+    let compared = expressions.len() - refused.len();
     let mut placed: BTreeMap<usize, Placed> = BTreeMap::new();
     while placed.len() < compared {
-        for i in 0..EXPRESSIONS.len() {
+        for i in 0..expressions.len() {
             if !placed.contains_key(&i)
                 && !refused.contains_key(&i)
-                && let Some(p) = scheduler_result(tb, ns, &format!("cel-{i:02}")).await?
+                && let Some(p) = scheduler_result(tb, ns, &format!("cel-{i:03}")).await?
             {
                 placed.insert(i, p);
             }
@@ -366,10 +233,10 @@ async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
         if started.elapsed() > SETTLE {
             // What the undecided pods looked like, for the log reader.
             let mut undecided = Vec::new();
-            for i in (0..EXPRESSIONS.len())
+            for i in (0..expressions.len())
                 .filter(|i| !placed.contains_key(i) && !refused.contains_key(i))
             {
-                let name = format!("cel-{i:02}");
+                let name = format!("cel-{i:03}");
                 let pod = kit::get_pod(tb, ns, &name).await.ok().flatten();
                 let node = pod
                     .as_ref()
@@ -402,14 +269,37 @@ async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
     let inv = online::fetch(&tb.client(), ns, None)
         .await
         .context("kubectl-dra reading the cluster")?;
-    let world = World::new(&inv);
+    let mut world = World::new(&inv);
+    world.env = Environment::for_release(release);
     let mut failures = Vec::new();
-    for (i, (class, expr)) in EXPRESSIONS.iter().enumerate() {
-        let expr = expand(expr);
+    let mut undecided = 0;
+    for (i, (class, expr)) in expressions.iter().enumerate() {
+        // Refused by the API server: ours must call it invalid for this
+        // release, and accepted ones must not be.
+        let invalid = Selector::compile(expr).invalid(release);
+        match (refused.get(&i), &invalid) {
+            (Some(_), Some(_)) => continue,
+            (Some(theirs), None) => {
+                failures.push(format!(
+                    "#{i} [{class}] {expr}\n    API server of {release}: refused: {theirs}\n    ours: valid"
+                ));
+                continue;
+            }
+            (None, Some(ours)) => {
+                failures.push(format!(
+                    "#{i} [{class}] {expr}\n    API server of {release}: accepted\n    ours: invalid: {ours}"
+                ));
+                continue;
+            }
+            (None, None) => {}
+        }
         let Some(theirs) = placed.get(&i) else {
             continue;
         };
-        let ours = our_selection(&world, class, &expr);
+        let ours = our_selection(&world, class, expr);
+        if ours.as_ref().is_err_and(|e| e.starts_with("UNSUPPORTED")) {
+            undecided += 1;
+        }
         let ok = match (&ours, theirs) {
             (Ok(sel), Placed::Allocated(node, devices)) => sel.get(node) == Some(devices),
             (Ok(sel), Placed::Pending(_)) => sel.values().all(BTreeSet::is_empty),
@@ -417,10 +307,10 @@ async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
             (Err(_), Placed::Allocated(..)) => false,
         };
         // The verdict of explain, taking the claim as not allocated yet.
-        let verdict = inv.claim(ns, &format!("cel-{i:02}")).map(|c| {
+        let verdict = inv.claim(ns, &format!("cel-{i:03}")).map(|c| {
             let subject = Subject {
                 label: String::new(),
-                key: Some(format!("{ns}/cel-{i:02}")),
+                key: Some(format!("{ns}/cel-{i:03}")),
                 spec: c.spec.clone(),
                 allocation: None,
                 reserved_for: vec![],
@@ -440,10 +330,11 @@ async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
         .filter(|p| matches!(p, Placed::Allocated(..)))
         .count();
     println!(
-        "    CEL differential: {} of {compared} expressions agree with kube-scheduler ({allocated} allocated, {} Pending; {} refused by the API server), {} ms",
-        compared - failures.len(),
-        compared - allocated,
+        "    CEL differential on Kubernetes {release}: {} selectors, {} disagreements, {undecided} undecided; {} refused by the API server (and by us), {allocated} allocated, {} Pending; {} ms",
+        expressions.len(),
+        failures.len(),
         refused.len(),
+        compared - allocated,
         started.elapsed().as_millis()
     );
     if !failures.is_empty() {

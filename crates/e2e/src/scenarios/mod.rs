@@ -140,7 +140,7 @@ scenarios! {
         => partitions::cores_fill_node;
     s19_migration [ExtendedResource, PartitionableDevices] "docs/migration.md on trn2: the guard refuses beside a device plugin; after it is removed the same pod runs on DRA"
         => migration::device_plugin_to_dra;
-    s20_explain_agreement [AdminAccess] "kubectl-dra's CEL selects what kube-scheduler allocates, 62 expressions in one batch; a held device names its claim"
+    s20_explain_agreement [AdminAccess] "kubectl-dra's CEL refuses what the API server refuses and selects what kube-scheduler allocates, data/cel-selectors.txt in one batch; a held device names its claim"
         => cel_agreement::explain_agreement;
     s21_device_reuse [] "force-deleted pod, its device at once to a new claim: Running within 30 s, handed over within 1 s of the unprepare, never prepared for two claims"
         => reuse::device_reuse;

@@ -2,9 +2,11 @@
 //!
 //! The Kubernetes DRA CEL environment (`k8s.io/dynamic-resource-allocation/cel`)
 //! gives a selector one variable, `device`, with `driver`, `attributes`,
-//! `capacity` and `allowMultipleAllocations`, plus the `semver`/`quantity`
-//! libraries and the string extensions. The `cel` crate supplies the language;
-//! this module supplies the environment and papers over two differences:
+//! `capacity` and `allowMultipleAllocations`, plus the Kubernetes libraries
+//! each release enables ([`release`]). The `cel` crate supplies the language
+//! and `kube-cel` the Kubernetes libraries; [`macros`] adds what neither has
+//! yet, [`check`] refuses what the API server refuses, and this module papers
+//! over two differences of the `cel` crate:
 //!
 //! - `device.attributes["some.domain"]` of a domain the device has nothing in
 //!   is an empty map in Kubernetes, a missing key in a plain map: the index
@@ -13,27 +15,28 @@
 //!   raises "no such key" instead, so `_?._` is rewritten to the optional
 //!   index `_[?_]`, which the crate implements as the spec says.
 //!
-//! Outcomes keep apart what the scheduler would also fail on (a runtime
-//! error: a missing attribute read without a guard, a bad `semver()`
-//! argument) and what only we cannot do (syntax or a function the crate and
-//! this module lack): the latter is reported as such, never guessed.
+//! Outcomes keep apart an invalid selector (the API server refuses it), what
+//! the scheduler would also fail on at run time (a missing attribute read
+//! without a guard, a bad `semver()` argument), and what only we cannot do
+//! (a construct the crates lack): the last is reported as such, never guessed.
 
-pub mod quantity;
-pub mod semver;
-mod stdlib;
+mod check;
+mod macros;
+pub mod release;
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
-use ::cel::objects::{Key, Map};
-use ::cel::parser::Parser;
-use ::cel::{Context, ExecutionError, Value};
 use k8s_openapi::api::resource::v1::Device;
+use kube_cel::KubeCelExt;
+use kube_cel::cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
+use kube_cel::cel::objects::{Key, Map};
+use kube_cel::cel::parser::Parser;
+use kube_cel::cel::{Context, ExecutionError, Value};
 
-pub use self::quantity::Quantity;
-pub use self::semver::Version;
+pub use self::check::MAX_LENGTH;
+pub use self::release::Release;
 
 /// What one selector says about one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +46,10 @@ pub enum Outcome {
     /// The expression fails on this device; the scheduler fails the same way
     /// (it reports a CEL runtime error and does not allocate).
     RuntimeError(String),
-    /// We cannot evaluate it (syntax or function we lack); the scheduler may.
+    /// The API server of the release refuses the selector: a claim with it
+    /// cannot be created, and one stored before cannot match.
+    Invalid(String),
+    /// We cannot evaluate it (a construct the crates lack); the scheduler may.
     Unsupported(String),
 }
 
@@ -51,7 +57,17 @@ pub enum Outcome {
 #[derive(Debug)]
 pub struct Selector {
     source: String,
-    program: Result<IdedExpr, String>,
+    program: Result<IdedExpr, Refusal>,
+    /// The static check, per release, done on first evaluation.
+    checked: OnceLock<(Release, Result<(), String>)>,
+}
+
+#[derive(Debug, Clone)]
+enum Refusal {
+    /// A syntax error: every release refuses it.
+    Invalid(String),
+    /// The parser gave up (a panic inside it).
+    Unsupported(String),
 }
 
 impl Selector {
@@ -69,12 +85,18 @@ impl Selector {
                 rewrite(&mut expr);
                 Ok(expr)
             }
-            Ok(Err(message)) => Err(format!("cannot parse: {}", message.trim())),
-            Err(_) => Err("the CEL parser gave up on this expression".to_string()),
+            Ok(Err(message)) => Err(Refusal::Invalid(format!(
+                "syntax error: {}",
+                message.trim()
+            ))),
+            Err(_) => Err(Refusal::Unsupported(
+                "the CEL parser gave up on this expression".to_string(),
+            )),
         };
         Selector {
             source: source.to_string(),
             program,
+            checked: OnceLock::new(),
         }
     }
 
@@ -82,16 +104,42 @@ impl Selector {
         &self.source
     }
 
+    /// Why the API server of `release` refuses this selector as a new one,
+    /// if it does.
+    pub fn invalid(&self, release: Release) -> Option<String> {
+        match &self.program {
+            Err(Refusal::Invalid(m)) => Some(m.clone()),
+            Err(Refusal::Unsupported(_)) => None,
+            Ok(expr) => {
+                let (checked_for, result) = self
+                    .checked
+                    .get_or_init(|| (release, check::check(&self.source, expr, release)));
+                if *checked_for == release {
+                    result.clone().err()
+                } else {
+                    check::check(&self.source, expr, release).err()
+                }
+            }
+        }
+    }
+
     /// Why we cannot evaluate it at all, if we cannot.
     pub fn compile_error(&self) -> Option<&str> {
-        self.program.as_ref().err().map(String::as_str)
+        match &self.program {
+            Ok(_) => None,
+            Err(Refusal::Invalid(m) | Refusal::Unsupported(m)) => Some(m),
+        }
     }
 
     pub fn evaluate(&self, env: &Environment, device: &DeviceValue) -> Outcome {
         let expr = match &self.program {
             Ok(expr) => expr,
-            Err(message) => return Outcome::Unsupported(message.clone()),
+            Err(Refusal::Invalid(m)) => return Outcome::Invalid(m.clone()),
+            Err(Refusal::Unsupported(m)) => return Outcome::Unsupported(m.clone()),
         };
+        if let Some(reason) = self.invalid(env.release) {
+            return Outcome::Invalid(reason);
+        }
         let mut scope = env.base.new_inner_scope();
         scope.add_variable_from_value("device", device.0.clone());
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| scope.resolve(expr)));
@@ -110,14 +158,15 @@ impl Selector {
 
 fn classify(error: ExecutionError) -> Outcome {
     match error {
+        // The static check has vouched for every name: one the interpreter
+        // does not know is a gap of the crates, not of the expression.
         ExecutionError::UndeclaredReference(name) if name.as_str() != "device" => {
             Outcome::Unsupported(format!(
                 "function or variable `{name}` is not available in kubectl-dra"
             ))
         }
         ExecutionError::UnsupportedFunctionCallIdentifierType(_)
-        | ExecutionError::UnsupportedFieldsConstruction(_)
-        | ExecutionError::NotSupportedAsMethod { .. } => {
+        | ExecutionError::UnsupportedFieldsConstruction(_) => {
             Outcome::Unsupported(format!("not supported by the CEL interpreter: {error}"))
         }
         ExecutionError::NoSuchKey(key) => Outcome::RuntimeError(format!("no such key: {key}")),
@@ -149,7 +198,7 @@ fn rewrite(expr: &mut IdedExpr) {
                     id,
                     expr: Expr::Map(Default::default()),
                 };
-                expr.expr = Expr::Call(::cel::common::ast::CallExpr {
+                expr.expr = Expr::Call(kube_cel::cel::common::ast::CallExpr {
                     func_name: "orValue".to_string(),
                     target: Some(Box::new(IdedExpr {
                         id,
@@ -195,9 +244,11 @@ fn is_device_domain_map(expr: &IdedExpr) -> bool {
             && matches!(&s.operand.expr, Expr::Ident(name) if name == "device"))
 }
 
-/// The functions and macros available to selectors, built once.
+/// The functions and macros available to selectors, built once, and the
+/// release whose API server decides which selectors are valid.
 pub struct Environment {
     base: Context<'static>,
+    release: Release,
 }
 
 impl Default for Environment {
@@ -207,11 +258,31 @@ impl Default for Environment {
 }
 
 impl Environment {
+    /// The environment of the newest release we model.
     pub fn new() -> Self {
-        let mut base = Context::default();
-        stdlib::register(&mut base);
-        Environment { base }
+        Self::for_release(Release::default())
     }
+
+    pub fn for_release(release: Release) -> Self {
+        Environment {
+            base: base_context(),
+            release,
+        }
+    }
+
+    pub fn release(&self) -> Release {
+        self.release
+    }
+}
+
+/// The interpreter's context: the standard library, kube-cel's Kubernetes
+/// libraries, and ours. Functions a release lacks are refused by the static
+/// check, not left out here: one context serves every release.
+fn base_context() -> Context<'static> {
+    let mut base = Context::default();
+    base.register_all();
+    macros::register(&mut base);
+    base
 }
 
 /// A device as the `device` CEL variable, built once per device.
@@ -224,6 +295,42 @@ pub fn split_attribute_name<'a>(driver: &'a str, name: &'a str) -> (&'a str, &'a
         Some((domain, id)) => (domain, id),
         None => (driver, name),
     }
+}
+
+#[derive(Clone, Copy)]
+enum Library {
+    Quantity,
+    Semver,
+}
+
+thread_local! {
+    /// kube-cel keeps its quantity and semver types private: a `device`
+    /// value of those types is made by calling its `quantity()` and
+    /// `semver()`, in a context built once per thread.
+    static CONVERTER: Option<(Context<'static>, IdedExpr, IdedExpr)> = {
+        let mut ctx = Context::default();
+        ctx.register_all();
+        let parse = |s: &str| Parser::new().parse(s).ok();
+        match (parse("quantity(text)"), parse("semver(text)")) {
+            (Some(q), Some(v)) => Some((ctx, q, v)),
+            _ => None,
+        }
+    };
+}
+
+/// `text` as a Kubernetes quantity or semver CEL value, `None` when it is
+/// not one.
+fn library_value(library: Library, text: &str) -> Option<Value> {
+    CONVERTER.with(|converter| {
+        let (ctx, quantity, semver) = converter.as_ref()?;
+        let mut scope = ctx.new_inner_scope();
+        scope.add_variable_from_value("text", text.to_string());
+        let expr = match library {
+            Library::Quantity => quantity,
+            Library::Semver => semver,
+        };
+        scope.resolve(expr).ok()
+    })
 }
 
 impl DeviceValue {
@@ -241,9 +348,9 @@ impl DeviceValue {
             } else if let Some(b) = attr.bool {
                 Value::Bool(b)
             } else if let Some(v) = &attr.version {
-                match Version::parse(v) {
-                    Ok(version) => stdlib::semver_value(version),
-                    Err(_) => continue,
+                match library_value(Library::Semver, v) {
+                    Some(version) => version,
+                    None => continue,
                 }
             } else {
                 continue;
@@ -256,11 +363,8 @@ impl DeviceValue {
         let mut capacity: BTreeMap<&str, HashMap<Key, Value>> = BTreeMap::new();
         for (name, cap) in device.capacity.iter().flatten() {
             let (domain, id) = split_attribute_name(driver, name);
-            if let Ok(q) = Quantity::parse(&cap.value.0) {
-                capacity
-                    .entry(domain)
-                    .or_default()
-                    .insert(Key::from(id), stdlib::quantity_value(q));
+            if let Some(q) = library_value(Library::Quantity, &cap.value.0) {
+                capacity.entry(domain).or_default().insert(Key::from(id), q);
             }
         }
         let nested = |m: BTreeMap<&str, HashMap<Key, Value>>| {

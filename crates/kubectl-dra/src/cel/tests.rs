@@ -51,7 +51,7 @@ fn selectors_evaluate_like_the_scheduler() {
     let env = Environment::new();
     let device = DeviceValue::new("neuron.aws.com", &neuron_device());
     let runtime = RuntimeError(String::new());
-    let unsupported = Unsupported(String::new());
+    let invalid = Invalid(String::new());
     let cases: &[(&str, &Outcome)] = &[
         (r#"device.driver == "neuron.aws.com""#, &Match),
         (r#"device.driver == "efa.networking.k8s.aws""#, &NoMatch),
@@ -173,17 +173,58 @@ fn selectors_evaluate_like_the_scheduler() {
         (r#"quantity("1GB").sign() == 1"#, &runtime),
         (r#"device.attributes["neuron.aws.com"].deviceId"#, &runtime),
         // what we cannot do is said, not guessed
+        // what the API server refuses is invalid, in every release
         (
             r#"device.attributes["neuron.aws.com"].instanceType.noSuchFunction()"#,
-            &unsupported,
+            &invalid,
         ),
-        (r#"device.driver == "#, &unsupported),
+        (r#"device.driver == "#, &invalid),
+        (r#"device.driver"#, &invalid),
+        (r#"device.noSuchField == 1"#, &invalid),
+        (r#"[1, "a"].size() == 2"#, &invalid),
+        (r#""abc".matches("[")"#, &invalid),
+        (r#"max(1, 2) == 2"#, &invalid),
+        (r#"math.greatest(1, 2) == 2"#, &invalid),
+        (r#"1 == "1""#, &invalid),
+        // what neither crate has, done here
+        (
+            r#"cel.bind(t, device.attributes["neuron.aws.com"].instanceType, t.startsWith("trn") && t.endsWith("xlarge"))"#,
+            &Match,
+        ),
+        (r#"[1, 2, 3].all(i, v, v == i + 1)"#, &Match),
+        (r#"[1, 2, 3].exists(i, v, i == 2 && v == 3)"#, &Match),
+        (r#"{"a": 1, "b": 2}.existsOne(k, v, v > 1)"#, &Match),
+        (
+            r#"[1, 2, 3].transformList(i, v, v * 2) == [2, 4, 6]"#,
+            &Match,
+        ),
+        (
+            r#"[1, 2, 3].transformList(i, v, i > 0, v) == [2, 3]"#,
+            &Match,
+        ),
+        (r#"{"a": 1}.transformMap(k, v, v + 1) == {"a": 2}"#, &Match),
+        (
+            r#"[1, 2].transformMapEntry(i, v, {string(v): i}) == {"1": 0, "2": 1}"#,
+            &Match,
+        ),
+        (
+            r#"["bb", "a", "ccc"].sortBy(s, s.size()) == ["a", "bb", "ccc"]"#,
+            &Match,
+        ),
+        (r#""abc".reverse() == "cba""#, &invalid),
+        (
+            r#"device.attributes["neuron.aws.com"].instanceType.reverse() == "x""#,
+            &runtime,
+        ),
+        (r#"[1, 2].reverse() == [2, 1]"#, &Match),
     ];
     let mut failures = Vec::new();
     for (expression, expected) in cases {
         let got = Selector::compile(expression).evaluate(&env, &device);
         let same = match (&got, expected) {
-            (RuntimeError(_), RuntimeError(_)) | (Unsupported(_), Unsupported(_)) => true,
+            (RuntimeError(_), RuntimeError(_))
+            | (Invalid(_), Invalid(_))
+            | (Unsupported(_), Unsupported(_)) => true,
             (a, b) => a == *b,
         };
         if !same {
@@ -203,4 +244,121 @@ fn unqualified_attributes_live_in_the_driver_domain() {
         split_attribute_name("efa.networking.k8s.aws", "resource.kubernetes.io/pcieRoot"),
         ("resource.kubernetes.io", "pcieRoot")
     );
+}
+
+fn efa_device() -> Device {
+    let mut attributes = BTreeMap::new();
+    let string = |s: &str| DeviceAttribute {
+        string: Some(s.to_string()),
+        ..Default::default()
+    };
+    for (name, value) in [
+        ("instanceType", "p5.48xlarge"),
+        ("rdmaDevice", "rdmap79s0"),
+        ("pciDeviceId", "0xefa1"),
+        ("firmwareVersion", "0.0.0"),
+        ("resource.kubernetes.io/pcieRoot", "pci0000:44"),
+        ("resource.kubernetes.io/pciBusID", "0000:4f:00.0"),
+    ] {
+        attributes.insert(name.to_string(), string(value));
+    }
+    attributes.insert(
+        "efaGeneration".to_string(),
+        DeviceAttribute {
+            int: Some(2),
+            ..Default::default()
+        },
+    );
+    attributes.insert(
+        "draDriverVersion".to_string(),
+        DeviceAttribute {
+            version: Some("0.1.0".to_string()),
+            ..Default::default()
+        },
+    );
+    Device {
+        name: "efa-0000-4f-00-0".to_string(),
+        attributes: Some(attributes),
+        ..Default::default()
+    }
+}
+
+/// Every selector of the differential test (run against the real scheduler
+/// by e2e scenario s20) is decided here, in every release: valid or
+/// invalid, and if valid a match, no match or a run-time error, never
+/// "cannot evaluate". What the decision should be is the scenario's job.
+#[test]
+fn every_selector_of_the_differential_test_is_decided() {
+    let data = include_str!("../../../e2e/data/cel-selectors.txt");
+    let devices = [
+        (
+            "efa",
+            DeviceValue::new("efa.networking.k8s.aws", &efa_device()),
+        ),
+        (
+            "neuron",
+            DeviceValue::new("neuron.aws.com", &neuron_device()),
+        ),
+    ];
+    let mut undecided = Vec::new();
+    let mut count = 0;
+    for release in Release::ALL {
+        let env = Environment::for_release(release);
+        for line in data.lines() {
+            if line.trim().is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let Some((_, expr)) = line.split_once(char::is_whitespace) else {
+                continue;
+            };
+            let expr = expr
+                .trim()
+                .replace(r#"["E"]"#, r#"["efa.networking.k8s.aws"]"#)
+                .replace(r#"["N"]"#, r#"["neuron.aws.com"]"#)
+                .replace(r#"["K"]"#, r#"["resource.kubernetes.io"]"#)
+                .replace(r#"["A"]"#, r#"["resource.aws.com"]"#);
+            count += 1;
+            let selector = Selector::compile(&expr);
+            for (name, device) in &devices {
+                if let Outcome::Unsupported(why) = selector.evaluate(&env, device) {
+                    undecided.push(format!("{release} {name}: {expr}: {why}"));
+                }
+            }
+        }
+    }
+    assert!(count >= 4 * 200, "{count} selector evaluations");
+    assert!(undecided.is_empty(), "{}", undecided.join("\n"));
+}
+
+/// What a release's API server refuses as new and the next one accepts.
+#[test]
+fn releases_differ_where_kubernetes_does() {
+    let device = DeviceValue::new("efa.networking.k8s.aws", &efa_device());
+    let cases: &[(&str, &[Release])] = &[
+        // lists extension v3 is in the 1.34 environment: new from 1.35 on
+        ("[3, 1].sort() == [1, 3]", &[Release::V1_34]),
+        ("[1].first().hasValue()", &[Release::V1_34]),
+        // allowMultipleAllocations: DRAConsumableCapacity on by default from 1.36
+        (
+            "device.allowMultipleAllocations == false",
+            &[Release::V1_34, Release::V1_35],
+        ),
+        // includes: the 1.37 environment, so no API server up to 1.37 takes it new
+        ("[1].includes(1)", &Release::ALL),
+        // semver and two-variable comprehensions are older than every release
+        (r#"semver("1.0.0").major() == 1"#, &[]),
+        ("[1].all(i, v, v > i)", &[]),
+    ];
+    for (expr, refused_by) in cases {
+        for release in Release::ALL {
+            let outcome =
+                Selector::compile(expr).evaluate(&Environment::for_release(release), &device);
+            let invalid = matches!(outcome, Outcome::Invalid(_));
+            assert_eq!(
+                invalid,
+                refused_by.contains(&release),
+                "{expr} on {release}: {outcome:?}"
+            );
+        }
+    }
 }

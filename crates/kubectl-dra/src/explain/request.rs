@@ -189,6 +189,7 @@ pub(super) fn outcome_text(outcome: &Outcome) -> Option<String> {
         Outcome::Match => None,
         Outcome::NoMatch => Some("false".to_string()),
         Outcome::RuntimeError(e) => Some(format!("a CEL runtime error ({e})")),
+        Outcome::Invalid(e) => Some(format!("an invalid selector ({e})")),
         Outcome::Unsupported(e) => Some(format!("not evaluable by kubectl-dra ({e})")),
     }
 }
@@ -250,7 +251,7 @@ pub fn check_device(
         for (index, selector) in list.iter().enumerate() {
             let outcome = selector.evaluate(&world.env, &device.value);
             match &outcome {
-                Outcome::RuntimeError(e) => errors.push(e.clone()),
+                Outcome::RuntimeError(e) | Outcome::Invalid(e) => errors.push(e.clone()),
                 Outcome::Unsupported(e) => unsupported.push(e.clone()),
                 _ => {}
             }

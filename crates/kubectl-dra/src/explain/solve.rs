@@ -8,8 +8,8 @@ use k8s_openapi::api::resource::v1::DeviceConstraint;
 
 use super::request::{Evaluation, Mode, RequestSpec};
 use super::{ChosenDevice, ConstraintReport, ValueCount, ValueRow};
-use crate::cel::Quantity;
 use crate::world::{AttributeValue, CounterKey, World};
+use k8s_quantity::Quantity;
 
 /// Steps one node's search may take before we admit we do not know.
 const BUDGET: usize = 200_000;

@@ -186,18 +186,35 @@ fn verdicts_and_reasons() {
             ],
         },
         Case {
-            name: "a function kubectl-dra lacks is reported, not guessed",
+            name: "a selector the API server refuses is called invalid, not a verdict on devices",
             docs: vec![
                 s(CLASSES),
                 s(P5_EFA),
                 claim(
                     "ext",
-                    "  devices:\n    requests:\n    - name: efas\n      exactly:\n        deviceClassName: efa.networking.k8s.aws\n        selectors:\n        - cel: {expression: 'device.attributes[\"efa.networking.k8s.aws\"].rdmaDevice.reverse() == \"x\"'}\n",
+                    "  devices:\n    requests:\n    - name: efas\n      exactly:\n        deviceClassName: efa.networking.k8s.aws\n        selectors:\n        - cel: {expression: 'device.attributes[\"efa.networking.k8s.aws\"].rdmaDevice.noSuchFunction() == \"x\"'}\n",
                 ),
             ],
             subject: "ext",
-            allocatable: Allocatable::Unknown,
-            words: &["Cannot decide", "cannot be evaluated"],
+            allocatable: Allocatable::No,
+            words: &[
+                "invalid selector",
+                "undeclared reference to 'noSuchFunction'",
+            ],
+        },
+        Case {
+            name: "string reverse() is a run-time error in the scheduler (strings v2 has none)",
+            docs: vec![
+                s(CLASSES),
+                s(P5_EFA),
+                claim(
+                    "rev",
+                    "  devices:\n    requests:\n    - name: efas\n      exactly:\n        deviceClassName: efa.networking.k8s.aws\n        selectors:\n        - cel: {expression: 'device.attributes[\"efa.networking.k8s.aws\"].rdmaDevice.reverse() == \"x\"'}\n",
+                ),
+            ],
+            subject: "rev",
+            allocatable: Allocatable::No,
+            words: &["runtime error"],
         },
         Case {
             name: "a DeviceClass that does not exist",

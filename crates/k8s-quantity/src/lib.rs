@@ -1,10 +1,18 @@
-//! Kubernetes resource quantities (`1Gi`, `500m`, `2e3`) as CEL values.
+//! Kubernetes resource quantities (`1Gi`, `500m`, `2e3`), parsed and
+//! compared exactly: the workspace's one implementation.
 //!
-//! The scheduler's CEL environment adds a `quantity` type (library
-//! `k8s.io/apiserver/pkg/cel/library/quantity.go`). We hold a quantity as an
-//! exact integer number of nano-units, the finest precision Kubernetes keeps
-//! (it rounds smaller fractions up), so comparisons are exact. A value too
-//! large for that (beyond about 1.7e29) is refused rather than approximated.
+//! Two users: dra-core validates the capacities and counters a driver
+//! publishes and compares them with what the API server hands back in
+//! canonical form (`1024Mi` comes back as `1Gi`; comparing strings would
+//! rewrite an unchanged slice forever), and kubectl-dra subtracts counters
+//! the way the scheduler does. A crate of its own because neither of those
+//! should depend on the other, and `kube-cel` (which has a quantity for CEL)
+//! keeps its type private.
+//!
+//! A quantity is held as an exact integer number of nano-units, the finest
+//! precision Kubernetes keeps (it rounds smaller fractions up), so equal
+//! values in different spellings compare equal. A value too large for that
+//! (beyond about 1.7e29) is refused rather than approximated.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -131,6 +139,11 @@ impl Quantity {
             .map(|nanos| Quantity { nanos })
     }
 
+    /// `true` when the value is strictly greater than zero.
+    pub fn is_positive(self) -> bool {
+        self.nanos > 0
+    }
+
     pub fn sign(self) -> i64 {
         match self.nanos.cmp(&0) {
             Ordering::Less => -1,
@@ -172,6 +185,18 @@ impl fmt::Display for Quantity {
             let digits = format!("{frac:09}");
             write!(f, "{sign}{whole}.{}", digits.trim_end_matches('0'))
         }
+    }
+}
+
+/// `true` when both strings denote the same quantity, or, when either is
+/// not a quantity we can hold exactly, when the strings are identical.
+pub fn quantities_equal(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    match (Quantity::parse(a), Quantity::parse(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
     }
 }
 
@@ -226,5 +251,47 @@ mod tests {
         assert_eq!(q("3k").as_integer(), Some(3000));
         assert_eq!(q("-1m").sign(), -1);
         assert_eq!(q("1500m").to_string(), "1.5");
+    }
+
+    #[test]
+    fn equal_quantities_in_different_spellings() {
+        for (a, b) in [
+            ("1Gi", "1024Mi"),
+            ("1k", "1000"),
+            ("0.5", "500m"),
+            ("1e3", "1k"),
+            ("1E-3", "1m"),
+            ("128Gi", "137438953472"),
+            ("0", "0m"),
+            ("+4", "4"),
+        ] {
+            assert!(quantities_equal(a, b), "{a} == {b}");
+        }
+        for (a, b) in [("1Gi", "1G"), ("1", "2"), ("-1", "1"), ("1Ki", "1k")] {
+            assert!(!quantities_equal(a, b), "{a} != {b}");
+        }
+    }
+
+    #[test]
+    fn rejects_what_the_api_server_rejects() {
+        for s in ["", "Gi", "1.2.3", "1x", " 1", "1 ", "--1", "1e", "1e+", "."] {
+            assert!(Quantity::parse(s).is_err(), "{s:?}");
+        }
+        assert!(Quantity::parse("2").is_ok_and(Quantity::is_positive));
+        assert!(Quantity::parse("0").is_ok_and(|q| !q.is_positive()));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn binary_and_decimal_spellings_agree(n in 0u32..1_000_000) {
+            let ki = format!("{n}Ki");
+            let plain = format!("{}", u64::from(n) * 1024);
+            proptest::prop_assert!(quantities_equal(&ki, &plain));
+        }
+
+        #[test]
+        fn parse_never_panics(s in "\\PC{0,16}") {
+            let _ = Quantity::parse(&s);
+        }
     }
 }

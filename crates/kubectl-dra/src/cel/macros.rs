@@ -1,0 +1,298 @@
+//! The parts of the DRA environment that neither `cel` 0.13 nor `kube-cel`
+//! 0.8 provide, written here from the cel-go documentation (`ext/README.md`:
+//! bindings, two-variable comprehensions, `sortBy`) and
+//! `k8s.io/apiserver/pkg/cel/library/lists.go` (`includes`):
+//!
+//! - `cel.bind(v, init, body)`, the three-argument `all`/`exists`/`existsOne`,
+//!   `transformList`, `transformMap`, `transformMapEntry` and `sortBy` are
+//!   macros in cel-go; the `cel` crate's parser only expands the standard
+//!   ones and leaves these as calls, which arrive here with their arguments
+//!   unevaluated, so each binds its variables in an inner scope itself.
+//! - `includes` (Kubernetes lists v1, 1.37) is missing from kube-cel, `dyn`
+//!   from `cel`, and kube-cel's `reverse` also takes strings, which the
+//!   DRA environment's strings v2 does not.
+//!
+//! Drop each one here when a crate release provides it.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kube_cel::cel::common::ast::Expr;
+use kube_cel::cel::common::ast::IdedExpr as Expression;
+use kube_cel::cel::objects::{Key, Map};
+use kube_cel::cel::{Context, ExecutionError, FunctionContext, Value};
+
+type Result<T> = std::result::Result<T, ExecutionError>;
+
+pub(super) fn register(ctx: &mut Context<'static>) {
+    ctx.add_function("cel.bind", bind);
+    ctx.add_function("all", |ftx: &FunctionContext| {
+        quantifier(ftx, Quantifier::All)
+    });
+    ctx.add_function("exists", |ftx: &FunctionContext| {
+        quantifier(ftx, Quantifier::Exists)
+    });
+    ctx.add_function("existsOne", |ftx: &FunctionContext| {
+        quantifier(ftx, Quantifier::ExistsOne)
+    });
+    ctx.add_function("transformList", transform_list);
+    ctx.add_function("transformMap", transform_map);
+    ctx.add_function("transformMapEntry", transform_map_entry);
+    ctx.add_function("sortBy", sort_by);
+    ctx.add_function("includes", includes);
+    ctx.add_function("reverse", reverse);
+    ctx.add_function("dyn", dyn_);
+}
+
+/// `dyn(x)`: a type-checker hint, the identity at run time; the `cel` crate
+/// has no type checker and no `dyn`.
+fn dyn_(ftx: &FunctionContext) -> Result<Value> {
+    let [x] = ftx.args else {
+        return Err(ftx.error("expects one argument"));
+    };
+    ftx.ptx.resolve(x)
+}
+
+/// `reverse()` of lists extension v2. kube-cel also reverses strings (cel-go
+/// strings v3), which the DRA environment (strings v2) has not: on a string
+/// the scheduler finds no overload at run time.
+fn reverse(ftx: &FunctionContext) -> Result<Value> {
+    match this(ftx)? {
+        Value::List(items) => Ok(Value::List(Arc::new(items.iter().rev().cloned().collect()))),
+        other => Err(ftx.error(format!(
+            "no such overload: reverse() of {}",
+            other.type_of()
+        ))),
+    }
+}
+
+/// The variable name an argument declares (`x` in `l.all(i, x, ...)`).
+fn variable<'e>(ftx: &FunctionContext, expr: &'e Expression) -> Result<&'e str> {
+    match &expr.expr {
+        Expr::Ident(name) => Ok(name.as_str()),
+        _ => Err(ftx.error("argument must be a simple name")),
+    }
+}
+
+fn this(ftx: &FunctionContext) -> Result<Value> {
+    ftx.this
+        .clone()
+        .ok_or_else(|| ftx.error("must be called as a method"))
+}
+
+/// `(first, second)` variable values of each iteration: (index, element) of
+/// a list, (key, value) of a map. Maps iterate in key order, as the
+/// order is unspecified in CEL and a stable one makes results reproducible.
+fn pairs(ftx: &FunctionContext, range: &Value) -> Result<Vec<(Value, Value)>> {
+    match range {
+        Value::List(items) => Ok(items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (Value::Int(i64::try_from(i).unwrap_or(i64::MAX)), v.clone()))
+            .collect()),
+        Value::Map(map) => {
+            let mut entries: Vec<(&Key, &Value)> = map.map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            Ok(entries
+                .into_iter()
+                .map(|(k, v)| (Value::from(k), v.clone()))
+                .collect())
+        }
+        other => Err(ftx.error(format!("cannot iterate over {}", other.type_of()))),
+    }
+}
+
+fn eval_with(ftx: &FunctionContext, vars: &[(&str, &Value)], body: &Expression) -> Result<Value> {
+    let mut scope = ftx.ptx.new_inner_scope();
+    for (name, value) in vars {
+        scope.add_variable_from_value(*name, (*value).clone());
+    }
+    scope.resolve(body)
+}
+
+fn as_bool(ftx: &FunctionContext, value: Value) -> Result<bool> {
+    match value {
+        Value::Bool(b) => Ok(b),
+        other => Err(ftx.error(format!("expected a bool, got {}", other.type_of()))),
+    }
+}
+
+/// `cel.bind(name, init, body)`.
+fn bind(ftx: &FunctionContext) -> Result<Value> {
+    let [name, init, body] = ftx.args else {
+        return Err(ftx.error("expects (name, init, body)"));
+    };
+    let name = variable(ftx, name)?;
+    let value = ftx.ptx.resolve(init)?;
+    eval_with(ftx, &[(name, &value)], body)
+}
+
+#[derive(Clone, Copy)]
+enum Quantifier {
+    All,
+    Exists,
+    ExistsOne,
+}
+
+/// The three-argument `all`, `exists`, `existsOne`. As in CEL, `all` is
+/// false and `exists` true as soon as one element decides it, even if
+/// another element's predicate fails; otherwise the failure is the result.
+fn quantifier(ftx: &FunctionContext, q: Quantifier) -> Result<Value> {
+    let [first, second, predicate] = ftx.args else {
+        return Err(ftx.error("expects (var1, var2, predicate)"));
+    };
+    let (a, b) = (variable(ftx, first)?, variable(ftx, second)?);
+    let range = this(ftx)?;
+    let mut error = None;
+    let mut count = 0usize;
+    for (x, y) in pairs(ftx, &range)? {
+        match eval_with(ftx, &[(a, &x), (b, &y)], predicate).and_then(|v| as_bool(ftx, v)) {
+            Ok(true) => match q {
+                Quantifier::Exists => return Ok(Value::Bool(true)),
+                Quantifier::ExistsOne => count += 1,
+                Quantifier::All => {}
+            },
+            Ok(false) => {
+                if let Quantifier::All = q {
+                    return Ok(Value::Bool(false));
+                }
+            }
+            Err(e) => match q {
+                Quantifier::ExistsOne => return Err(e),
+                _ => error = error.or(Some(e)),
+            },
+        }
+    }
+    if let Some(e) = error {
+        return Err(e);
+    }
+    Ok(Value::Bool(match q {
+        Quantifier::All => true,
+        Quantifier::Exists => false,
+        Quantifier::ExistsOne => count == 1,
+    }))
+}
+
+/// Splits `(a, b, [filter,] transform)`.
+fn transform_args<'e>(
+    ftx: &'e FunctionContext,
+) -> Result<(&'e str, &'e str, Option<&'e Expression>, &'e Expression)> {
+    match ftx.args {
+        [a, b, t] => Ok((variable(ftx, a)?, variable(ftx, b)?, None, t)),
+        [a, b, f, t] => Ok((variable(ftx, a)?, variable(ftx, b)?, Some(f), t)),
+        _ => Err(ftx.error("expects (var1, var2, [filter,] transform)")),
+    }
+}
+
+/// Each (var1, var2) that passes the filter, with its transform.
+fn transformed(ftx: &FunctionContext) -> Result<Vec<(Value, Value)>> {
+    let (a, b, filter, transform) = transform_args(ftx)?;
+    let range = this(ftx)?;
+    let mut out = Vec::new();
+    for (x, y) in pairs(ftx, &range)? {
+        let vars = [(a, &x), (b, &y)];
+        if let Some(f) = filter
+            && !as_bool(ftx, eval_with(ftx, &vars, f)?)?
+        {
+            continue;
+        }
+        let t = eval_with(ftx, &vars, transform)?;
+        out.push((x, t));
+    }
+    Ok(out)
+}
+
+fn transform_list(ftx: &FunctionContext) -> Result<Value> {
+    let values = transformed(ftx)?.into_iter().map(|(_, t)| t).collect();
+    Ok(Value::List(Arc::new(values)))
+}
+
+fn key(ftx: &FunctionContext, value: Value) -> Result<Key> {
+    value
+        .try_into()
+        .map_err(|v: Value| ftx.error(format!("{} cannot be a map key", v.type_of())))
+}
+
+fn transform_map(ftx: &FunctionContext) -> Result<Value> {
+    let mut map = HashMap::new();
+    for (k, t) in transformed(ftx)? {
+        map.insert(key(ftx, k)?, t);
+    }
+    Ok(Value::Map(Map::from(map)))
+}
+
+/// Like `transformMap`, but the transform yields `{key: value}` maps that are
+/// merged; a key produced twice is an error.
+fn transform_map_entry(ftx: &FunctionContext) -> Result<Value> {
+    let mut map = HashMap::new();
+    for (_, t) in transformed(ftx)? {
+        let Value::Map(entry) = t else {
+            return Err(ftx.error("the transform must yield a map"));
+        };
+        for (k, v) in entry.map.iter() {
+            if map.insert(k.clone(), v.clone()).is_some() {
+                return Err(ftx.error(format!("insert failed: key {k:?} already exists")));
+            }
+        }
+    }
+    Ok(Value::Map(Map::from(map)))
+}
+
+/// `list.sortBy(e, key)`: stable sort by the key each element yields; keys
+/// must be of one orderable type.
+fn sort_by(ftx: &FunctionContext) -> Result<Value> {
+    let [var, key_expr] = ftx.args else {
+        return Err(ftx.error("expects (var, key)"));
+    };
+    let var = variable(ftx, var)?;
+    let Value::List(items) = this(ftx)? else {
+        return Err(ftx.error("sortBy applies to a list"));
+    };
+    let mut keyed = Vec::with_capacity(items.len());
+    for item in items.iter() {
+        let k = eval_with(ftx, &[(var, item)], key_expr)?;
+        if !matches!(
+            k,
+            Value::Int(_)
+                | Value::UInt(_)
+                | Value::Float(_)
+                | Value::String(_)
+                | Value::Bool(_)
+                | Value::Bytes(_)
+                | Value::Duration(_)
+                | Value::Timestamp(_)
+        ) {
+            return Err(ftx.error(format!("sortBy: {} keys are not orderable", k.type_of())));
+        }
+        keyed.push((k, item.clone()));
+    }
+    let mut failed = false;
+    keyed.sort_by(|a, b| {
+        if std::mem::discriminant(&a.0) != std::mem::discriminant(&b.0) {
+            failed = true;
+            return Ordering::Equal;
+        }
+        a.0.partial_cmp(&b.0).unwrap_or(Ordering::Equal)
+    });
+    if failed {
+        return Err(ftx.error("sortBy: keys of different types"));
+    }
+    Ok(Value::List(Arc::new(
+        keyed.into_iter().map(|(_, v)| v).collect(),
+    )))
+}
+
+/// `includes(x)` of Kubernetes lists v1: membership for a list, equality
+/// for a scalar.
+fn includes(ftx: &FunctionContext) -> Result<Value> {
+    let target = this(ftx)?;
+    let [needle] = ftx.args else {
+        return Err(ftx.error("expects one argument"));
+    };
+    let needle = ftx.ptx.resolve(needle)?;
+    Ok(Value::Bool(match &target {
+        Value::List(items) => items.contains(&needle),
+        other => *other == needle,
+    }))
+}
