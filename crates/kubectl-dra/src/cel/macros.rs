@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use kube_cel::cel::common::ast::Expr;
 use kube_cel::cel::common::ast::IdedExpr as Expression;
-use kube_cel::cel::objects::{Key, Map};
+use kube_cel::cel::objects::{Key, Map, OptionalValue};
 use kube_cel::cel::{Context, ExecutionError, FunctionContext, Value};
 
 type Result<T> = std::result::Result<T, ExecutionError>;
@@ -43,6 +43,148 @@ pub(super) fn register(ctx: &mut Context<'static>) {
     ctx.add_function("includes", includes);
     ctx.add_function("reverse", reverse);
     ctx.add_function("dyn", dyn_);
+    ctx.add_function("optMap", |ftx: &FunctionContext| opt_map(ftx, false));
+    ctx.add_function("optFlatMap", |ftx: &FunctionContext| opt_map(ftx, true));
+    ctx.add_function("format.named", format_named);
+    ctx.add_function(EQUALS, |ftx: &FunctionContext| {
+        equality(ftx).map(Value::Bool)
+    });
+    ctx.add_function(NOT_EQUALS, |ftx: &FunctionContext| {
+        equality(ftx).map(|eq| Value::Bool(!eq))
+    });
+}
+
+/// What `==` and `!=` are rewritten to (see the module docs of `cel`): the
+/// `cel` crate compares its values by type first, so `2 == 2.0` and
+/// `semver("1.0.0+a") == semver("1.0.0+b")` are false there; cel-go, as
+/// the scheduler runs it, compares numbers by value across int, uint and
+/// double, and Kubernetes quantities and versions by `compareTo` (a
+/// version's build metadata does not count).
+pub(super) const EQUALS: &str = "@k8s_equals";
+pub(super) const NOT_EQUALS: &str = "@k8s_not_equals";
+
+fn equality(ftx: &FunctionContext) -> Result<bool> {
+    let [a, b] = ftx.args else {
+        return Err(ftx.error("expects two operands"));
+    };
+    let (a, b) = (ftx.ptx.resolve(a)?, ftx.ptx.resolve(b)?);
+    equal(ftx, &a, &b)
+}
+
+fn equal(ftx: &FunctionContext, a: &Value, b: &Value) -> Result<bool> {
+    match (a, b) {
+        (Value::List(x), Value::List(y)) => {
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (x, y) in x.iter().zip(y.iter()) {
+                if !equal(ftx, x, y)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        (Value::Map(x), Value::Map(y)) => {
+            if x.map.len() != y.map.len() {
+                return Ok(false);
+            }
+            for (k, v) in x.map.iter() {
+                match y.map.get(k) {
+                    Some(w) if equal(ftx, v, w)? => {}
+                    _ => return Ok(false),
+                }
+            }
+            Ok(true)
+        }
+        (Value::Opaque(x), Value::Opaque(y))
+            if x.runtime_type_name() == "kubernetes.Semver"
+                && y.runtime_type_name() == "kubernetes.Semver" =>
+        {
+            // kube-cel keeps the version private and orders build metadata
+            // too; SemVer equality ignores it. The Debug form names the
+            // fields, build last.
+            let without_build = |v: &dyn std::fmt::Debug| {
+                let text = format!("{v:?}");
+                match text.find(", build:") {
+                    Some(i) => text[..i].to_string(),
+                    None => text,
+                }
+            };
+            Ok(without_build(x.as_debug()) == without_build(y.as_debug()))
+        }
+        (Value::Opaque(x), Value::Opaque(y))
+            if x.runtime_type_name() == "kubernetes.Quantity"
+                && y.runtime_type_name() == "kubernetes.Quantity" =>
+        {
+            let mut scope = ftx.ptx.new_inner_scope();
+            scope.add_variable_from_value("a", a.clone());
+            scope.add_variable_from_value("b", b.clone());
+            let compare = COMPARE.with(|c| c.clone());
+            let compare = compare.ok_or_else(|| ftx.error("cannot parse compareTo"))?;
+            Ok(scope.resolve(&compare)? == Value::Int(0))
+        }
+        _ => Ok(a == b),
+    }
+}
+
+thread_local! {
+    static COMPARE: Option<Expression> =
+        kube_cel::cel::parser::Parser::new().parse("a.compareTo(b)").ok();
+}
+
+/// `opt.optMap(x, expr)` and `opt.optFlatMap(x, expr)` (optional types):
+/// none stays none; otherwise `expr` with `x` bound to the value, wrapped
+/// in an optional by `optMap`, itself an optional for `optFlatMap`.
+fn opt_map(ftx: &FunctionContext, flat: bool) -> Result<Value> {
+    let [name, body] = ftx.args else {
+        return Err(ftx.error("expects (var, expr)"));
+    };
+    let name = variable(ftx, name)?;
+    let target = this(ftx)?;
+    let Value::Opaque(opaque) = &target else {
+        return Err(ftx.error(format!("optMap of a {}, not an optional", target.type_of())));
+    };
+    let Some(optional) = opaque.downcast_ref::<OptionalValue>() else {
+        return Err(ftx.error("optMap of a value that is not an optional"));
+    };
+    let Some(inner) = optional.value() else {
+        return Ok(target.clone());
+    };
+    let result = eval_with(ftx, &[(name, inner)], body)?;
+    if flat {
+        match &result {
+            Value::Opaque(o) if o.downcast_ref::<OptionalValue>().is_some() => Ok(result),
+            other => Err(ftx.error(format!(
+                "optFlatMap must yield an optional, got {}",
+                other.type_of()
+            ))),
+        }
+    } else {
+        Ok(Value::Opaque(Arc::new(OptionalValue::of(result))))
+    }
+}
+
+/// `format.named(name)` is `optional<Format>` in Kubernetes: `none` for a
+/// name it does not know. kube-cel returns the format itself (or null), so
+/// `format.named("x").value()` failed here where the scheduler succeeds.
+fn format_named(ftx: &FunctionContext) -> Result<Value> {
+    let [name] = ftx.args else {
+        return Err(ftx.error("expects one argument"));
+    };
+    let name = ftx.ptx.resolve(name)?;
+    let Value::String(name) = &name else {
+        return Err(ftx.error(format!("format.named of a {}", name.type_of())));
+    };
+    let direct = format!("format.{name}()");
+    let known = super::release::function_since(&format!("format.{name}")).is_some();
+    if !known {
+        return Ok(Value::Opaque(Arc::new(OptionalValue::none())));
+    }
+    let expr = kube_cel::cel::parser::Parser::new()
+        .parse(&direct)
+        .map_err(|e| ftx.error(e.to_string()))?;
+    let format = ftx.ptx.resolve(&expr)?;
+    Ok(Value::Opaque(Arc::new(OptionalValue::of(format))))
 }
 
 /// `dyn(x)`: a type-checker hint, the identity at run time; the `cel` crate

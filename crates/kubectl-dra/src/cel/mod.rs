@@ -14,6 +14,9 @@
 //! - `x.?field` on a map without `field` must be `optional.none()`; the crate
 //!   raises "no such key" instead, so `_?._` is rewritten to the optional
 //!   index `_[?_]`, which the crate implements as the spec says.
+//! - `==` and `!=` compare by type first in the crate; they are rewritten to
+//!   functions that compare as cel-go does (numbers across int, uint and
+//!   double; quantities and versions by value), see [`macros`].
 //!
 //! Outcomes keep apart an invalid selector (the API server refuses it), what
 //! the scheduler would also fail on at run time (a missing attribute read
@@ -186,6 +189,10 @@ fn rewrite(expr: &mut IdedExpr) {
             }
             if call.func_name == operators::OPT_SELECT {
                 call.func_name = operators::OPT_INDEX.to_string();
+            } else if call.func_name == operators::EQUALS {
+                call.func_name = macros::EQUALS.to_string();
+            } else if call.func_name == operators::NOT_EQUALS {
+                call.func_name = macros::NOT_EQUALS.to_string();
             }
             let domain_map = call.func_name == operators::INDEX
                 && call.target.is_none()
