@@ -16,13 +16,13 @@
 //! | since | what |
 //! |---|---|
 //! | always (1.0) | standard library, URLs, regex `find`/`findAll`, Kubernetes lists v0 |
-//! | 1.28 | optional types, quantity |
+//! | 1.28 | optional types (with a list's `first()` and `last()`), quantity |
 //! | 1.29 | strings extension v2, sets |
 //! | 1.30 | IP and CIDR |
 //! | 1.31 | named formats (`format.*`), `cel.bind` |
 //! | 1.32 | two-variable comprehensions |
 //! | 1.33 | semver |
-//! | 1.34 | lists extension v3 (`slice`, `flatten`, `lists.range`, `distinct`, `reverse`, `sort`, `sortBy`, `first`, `last`); `device.allowMultipleAllocations` when `DRAConsumableCapacity` is on (beta, on by default from 1.36) |
+//! | 1.34 | lists extension v3 (`slice`, `flatten`, `lists.range`, `distinct`, `reverse`, `sort`, `sortBy`); `device.allowMultipleAllocations` when `DRAConsumableCapacity` is on (beta, on by default from 1.36) |
 //! | 1.37 | Kubernetes lists v1 (`includes`) |
 
 use std::fmt;
@@ -122,7 +122,12 @@ pub fn function_since(name: &str) -> Option<u32> {
         | "or"
         | "orValue"
         | "optMap"
-        | "optFlatMap" => 28,
+        | "optFlatMap"
+        // `first()` and `last()` of a list come with the optional types,
+        // not with the lists extension: the 1.34 API server (checking new
+        // selectors against 1.33) accepts them (differential test).
+        | "first"
+        | "last" => 28,
         // No `sign`: the 1.37 API server finds no overload of it for a
         // quantity (checked by the differential test).
         "quantity" | "isQuantity" | "isGreaterThan" | "isLessThan" | "compareTo" | "add"
@@ -168,8 +173,7 @@ pub fn function_since(name: &str) -> Option<u32> {
         "existsOne" | "transformList" | "transformMap" | "transformMapEntry" => 32,
         "semver" | "isSemver" | "major" | "minor" | "patch" => 33,
         // lists extension v3
-        "slice" | "flatten" | "lists.range" | "distinct" | "reverse" | "sort" | "sortBy"
-        | "first" | "last" => 34,
+        "slice" | "flatten" | "lists.range" | "distinct" | "reverse" | "sort" | "sortBy" => 34,
         // Kubernetes lists v1
         "includes" => 37,
         _ => return None,

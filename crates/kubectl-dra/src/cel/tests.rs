@@ -428,7 +428,9 @@ fn releases_differ_where_kubernetes_does() {
     let cases: &[(&str, &[Release])] = &[
         // lists extension v3 is in the 1.34 environment: new from 1.35 on
         ("[3, 1].sort() == [1, 3]", &[Release::V1_34]),
-        ("[1].first().hasValue()", &[Release::V1_34]),
+        // a list's first() and last() come with the optional types (the 1.34
+        // API server took `[].first().hasValue()` in the differential test)
+        ("[1].first().hasValue()", &[]),
         // allowMultipleAllocations: DRAConsumableCapacity on by default from 1.36
         (
             "device.allowMultipleAllocations == false",
