@@ -4,9 +4,9 @@
 //! gives a selector one variable, `device`, with `driver`, `attributes`,
 //! `capacity` and `allowMultipleAllocations`, plus the Kubernetes libraries
 //! each release enables ([`release`]). The `cel` crate supplies the language
-//! and `kube-cel` the Kubernetes libraries; [`macros`] adds what neither has
-//! yet, [`check`] refuses what the API server refuses, and this module papers
-//! over two differences of the `cel` crate:
+//! and `kube-cel` the Kubernetes libraries; `macros` adds what neither has
+//! yet, `check` refuses what the API server refuses, and this module papers
+//! over three differences of the `cel` crate:
 //!
 //! - `device.attributes["some.domain"]` of a domain the device has nothing in
 //!   is an empty map in Kubernetes, a missing key in a plain map: the index
@@ -16,7 +16,7 @@
 //!   index `_[?_]`, which the crate implements as the spec says.
 //! - `==` and `!=` compare by type first in the crate; they are rewritten to
 //!   functions that compare as cel-go does (numbers across int, uint and
-//!   double; quantities and versions by value), see [`macros`].
+//!   double; quantities and versions by value), see `macros`.
 //!
 //! Outcomes keep apart an invalid selector (the API server refuses it), what
 //! the scheduler would also fail on at run time (a missing attribute read
