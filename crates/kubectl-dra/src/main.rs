@@ -21,6 +21,33 @@ use kubectl_dra::render;
 use kubectl_dra::topology;
 use kubectl_dra::world::World;
 
+/// `print!` that ends the program quietly when stdout is a closed pipe
+/// (`kubectl dra explain pod x | head -3`), as command-line tools do, where
+/// `print!` would panic; any other write error is reported, exit status 1.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = write!(std::io::stdout().lock(), $($arg)*) {
+            if e.kind() == std::io::ErrorKind::BrokenPipe {
+                std::process::exit(0);
+            }
+            eprintln!("error: writing to stdout: {e}");
+            std::process::exit(1);
+        }
+    }};
+}
+
+/// `println!` with the same handling as [`out!`].
+macro_rules! outln {
+    () => {
+        out!("\n")
+    };
+    ($($arg:tt)*) => {{
+        out!($($arg)*);
+        out!("\n");
+    }};
+}
+
 #[derive(Parser, Debug)]
 #[command(
     name = "kubectl-dra",
@@ -65,7 +92,12 @@ struct Cli {
     request_timeout: TimeoutFlag,
     /// The Kubernetes release (1.34 to 1.37) whose CEL environment judges selectors: what its
     /// API server refuses is reported as an invalid selector.
-    #[arg(long = "kubernetes-version", global = true, default_value_t = Release::default())]
+    #[arg(
+        long = "kubernetes-version",
+        global = true,
+        value_name = "RELEASE",
+        default_value_t = Release::default()
+    )]
     kubernetes_version: Release,
     #[command(subcommand)]
     command: Command,
@@ -233,12 +265,12 @@ async fn load(cli: &Cli, find: Option<(ObjectKind, &str)>) -> Result<(Inventory,
 
 fn print_structured<T: serde::Serialize>(value: &T, yaml: bool) -> Result<()> {
     if yaml {
-        print!(
+        out!(
             "{}",
             serde_saphyr::to_string(value).context("rendering YAML")?
         );
     } else {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(value).context("rendering JSON")?
         );
@@ -296,7 +328,7 @@ fn completion_script(shell: Shell) -> String {
 async fn run(cli: Cli) -> Result<ExitCode> {
     match &cli.command {
         Command::Completion { shell } => {
-            print!("{}", completion_script(*shell));
+            out!("{}", completion_script(*shell));
             Ok(ExitCode::SUCCESS)
         }
         Command::Explain {
@@ -329,13 +361,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             match output {
                 ExplainOutput::Text => {
                     if subjects.is_empty() {
-                        println!(
+                        outln!(
                             "pod {namespace}/{name} has no DRA claims and no DRA-served extended resources"
                         );
                     }
                     for r in &reports {
-                        print!("{}", render::explanation(r));
-                        println!();
+                        out!("{}", render::explanation(r));
+                        outln!();
                     }
                 }
                 ExplainOutput::Json => print_structured(&reports, false)?,
@@ -367,8 +399,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 },
             );
             match output {
-                None => print!("{}", devices::table(&rows, false)),
-                Some(DevicesOutput::Wide) => print!("{}", devices::table(&rows, true)),
+                None => out!("{}", devices::table(&rows, false)),
+                Some(DevicesOutput::Wide) => out!("{}", devices::table(&rows, true)),
                 Some(DevicesOutput::Json) => print_structured(&rows, false)?,
                 Some(DevicesOutput::Yaml) => print_structured(&rows, true)?,
             }
@@ -384,9 +416,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let picture = topology::build(&world, node)?;
             match output {
                 TopologyOutput::Text => {
-                    print!("{}", topology::text::render(&picture, color.enabled()))
+                    out!("{}", topology::text::render(&picture, color.enabled()))
                 }
-                TopologyOutput::Svg => print!("{}", topology::svg::render(&picture)),
+                TopologyOutput::Svg => out!("{}", topology::svg::render(&picture)),
                 TopologyOutput::Json => print_structured(&picture, false)?,
                 TopologyOutput::Yaml => print_structured(&picture, true)?,
             }

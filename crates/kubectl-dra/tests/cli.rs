@@ -249,3 +249,21 @@ fn help_describes_every_flag() {
         assert!(out.contains("--all-namespaces"), "{out}");
     }
 }
+
+/// `kubectl dra devices | head -1`: when the reader is gone the output is
+/// cut short and the program ends with status 0, without a panic message.
+/// The pipe's read end is closed before the program starts, so every write
+/// fails with EPIPE (Rust ignores SIGPIPE), whatever the timing.
+#[test]
+fn a_closed_pipe_ends_the_output_quietly() {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dra"))
+        .args(["-f", &fixture("p5-efa.yaml"), "devices"])
+        .stdout(writer)
+        .output()
+        .expect("running kubectl-dra");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
