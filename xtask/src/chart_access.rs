@@ -79,32 +79,13 @@ pub fn check_vap(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()>
     if patches_nodes {
         check_node_policy(expect, r)?;
     }
-    let policy = one(&r.policies, Some(&policy_name(expect, "resourceslices")))?;
-    let p = policy
-        .spec
-        .as_ref()
-        .with_context(|| format!("{} without spec", id(policy)))?;
-    ensure!(
-        p.failure_policy.as_deref() == Some("Fail"),
-        "{}: policy must fail closed, failurePolicy {:?}",
-        id(policy),
-        p.failure_policy
-    );
-    let rule = p
-        .match_constraints
-        .as_ref()
-        .and_then(|m| m.resource_rules.as_ref())
-        .and_then(|r| r.first());
-    let list = |l: Option<&Vec<String>>| l.cloned().unwrap_or_default();
-    ensure!(
-        rule.is_some_and(|rule| list(rule.resources.as_ref()) == ["resourceslices"]
-            && list(rule.api_groups.as_ref()) == ["resource.k8s.io"]
-            && list(rule.operations.as_ref()) == ["CREATE", "UPDATE", "DELETE"]
-            && list(rule.api_versions.as_ref()) == ["*"]),
-        "{}: policy must match create/update/delete of resourceslices in every version: {}",
-        id(policy),
-        json(&rule)
-    );
+    let (policy, p) = matching_policy(
+        expect,
+        r,
+        "resourceslices",
+        "resource.k8s.io",
+        &["CREATE", "UPDATE", "DELETE"],
+    )?;
     let user = format!(
         "system:serviceaccount:{NAMESPACE}:{}",
         expect.service_account
@@ -176,16 +157,29 @@ fn check_binding(r: &Rendering, policy: &ValidatingAdmissionPolicy) -> Result<()
 
 /// The Neuron driver may patch Nodes (its UltraServer labels): a second
 /// policy confines that to its own Node and to those labels.
-fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
-    let policy = one(&r.policies, Some(&policy_name(expect, "nodes")))?;
+/// The chart's admission policy for `resource` (named after it), with what
+/// both policies must have: it fails closed, and its one rule matches
+/// exactly `operations` on `resource` of `group` in every API version.
+fn matching_policy<'r>(
+    expect: &Expect,
+    r: &'r Rendering,
+    resource: &str,
+    group: &str,
+    operations: &[&str],
+) -> Result<(
+    &'r ValidatingAdmissionPolicy,
+    &'r k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
+)> {
+    let policy = one(&r.policies, Some(&policy_name(expect, resource)))?;
     let p = policy
         .spec
         .as_ref()
         .with_context(|| format!("{} without spec", id(policy)))?;
     ensure!(
         p.failure_policy.as_deref() == Some("Fail"),
-        "{}: policy must fail closed",
-        id(policy)
+        "{}: policy must fail closed, failurePolicy {:?}",
+        id(policy),
+        p.failure_policy
     );
     let rule = p
         .match_constraints
@@ -194,14 +188,20 @@ fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
         .and_then(|r| r.first());
     let list = |l: Option<&Vec<String>>| l.cloned().unwrap_or_default();
     ensure!(
-        rule.is_some_and(|rule| list(rule.resources.as_ref()) == ["nodes"]
-            && list(rule.api_groups.as_ref()) == [""]
-            && list(rule.operations.as_ref()) == ["UPDATE"]
+        rule.is_some_and(|rule| list(rule.resources.as_ref()) == [resource]
+            && list(rule.api_groups.as_ref()) == [group]
+            && list(rule.operations.as_ref()) == operations
             && list(rule.api_versions.as_ref()) == ["*"]),
-        "{}: policy must match updates of nodes in every version: {}",
+        "{}: policy must match {} of {resource} in every version: {}",
         id(policy),
+        operations.join("/"),
         json(&rule)
     );
+    Ok((policy, p))
+}
+
+fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
+    let (policy, p) = matching_policy(expect, r, "nodes", "", &["UPDATE"])?;
     let user = format!(
         "system:serviceaccount:{NAMESPACE}:{}",
         expect.service_account

@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn each_flaw_is_caught() {
         type Mutation = fn(&mut Vec<Value>);
-        let table: [(&str, &str, Mutation); 18] = [
+        let table: [(&str, &str, Mutation); 21] = [
             ("added capability", "capabilities must drop ALL", |o| {
                 ds_container(o)["securityContext"]["capabilities"]["add"] =
                     serde_json::json!(["SYS_ADMIN"])
@@ -313,6 +313,33 @@ mod tests {
                         .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
                         .unwrap();
                     p["spec"]["variables"][1]["expression"] = "object".into();
+                },
+            ),
+            ("VAP fails open", "must fail closed", |o| {
+                let p = o
+                    .iter_mut()
+                    .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+                    .unwrap();
+                p["spec"]["failurePolicy"] = "Ignore".into();
+            }),
+            (
+                "VAP not matching deletes",
+                "CREATE/UPDATE/DELETE of resourceslices",
+                |o| {
+                    let p = o
+                        .iter_mut()
+                        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+                        .unwrap();
+                    p["spec"]["matchConstraints"]["resourceRules"][0]["operations"] =
+                        serde_json::json!(["CREATE", "UPDATE"]);
+                },
+            ),
+            (
+                "token mounted into every container",
+                "automountServiceAccountToken must be false",
+                |o| {
+                    let ds = o.iter_mut().find(|d| d["kind"] == "DaemonSet").unwrap();
+                    ds["spec"]["template"]["spec"]["automountServiceAccountToken"] = true.into();
                 },
             ),
             ("list on claims", "not least-privilege", |o| {

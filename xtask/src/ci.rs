@@ -130,7 +130,7 @@ fn checks() -> Vec<Step> {
         ),
         // checkov (pinned, from PyPI; installed into the cache on first
         // use) on the default renderings of the charts: only the failures
-        // docs/install.md explains, at most 4 per chart pinned by digest.
+        // docs/install.md explains, at most 4 per chart.
         // Warm: ~40 s on this 2-core machine (one checkov run, 4 renderings).
         step("chart-scan", &["xtask", "charts", "scan"]),
     ];
