@@ -122,6 +122,72 @@ fn cpu_seconds_from_stat(stat: &str, ticks: f64) -> Option<f64> {
     Some((utime + stime) / ticks)
 }
 
+/// Wake-ups of a process so far: the voluntary context switches of all its
+/// threads (a thread that blocks and is woken again counts one), summed over
+/// `/proc/<pid>/task/*/status`. Threads that have exited are not counted,
+/// so compare two samples of a process whose threads live (tokio's workers).
+pub fn proc_wakeups(pid: i32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        let status = std::fs::read_to_string(task.path().join("status")).ok()?;
+        total += voluntary_switches(&status)?;
+    }
+    Some(total)
+}
+
+fn voluntary_switches(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// CPU time and wake-ups of a process over a window at rest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct IdleCost {
+    pub window_s: f64,
+    /// User + system CPU time per minute of the window, ms.
+    pub cpu_ms_per_min: f64,
+    /// Voluntary context switches per minute of the window.
+    pub wakeups_per_min: f64,
+}
+
+/// A sample of a process's CPU time and wake-ups, to difference later.
+#[derive(Debug, Clone, Copy)]
+pub struct CostSample {
+    at: std::time::Instant,
+    cpu_s: f64,
+    wakeups: u64,
+}
+
+impl CostSample {
+    pub fn take(pid: i32) -> Option<CostSample> {
+        Some(CostSample {
+            at: std::time::Instant::now(),
+            cpu_s: proc_cpu_seconds(pid)?,
+            wakeups: proc_wakeups(pid)?,
+        })
+    }
+
+    /// The cost from `self` to `later`, per minute.
+    pub fn until(&self, later: &CostSample) -> IdleCost {
+        let window_s = later.at.duration_since(self.at).as_secs_f64();
+        let per_min = |x: f64| {
+            if window_s > 0.0 {
+                x * 60.0 / window_s
+            } else {
+                0.0
+            }
+        };
+        IdleCost {
+            window_s,
+            cpu_ms_per_min: per_min((later.cpu_s - self.cpu_s) * 1e3),
+            wakeups_per_min: per_min(later.wakeups.saturating_sub(self.wakeups) as f64),
+        }
+    }
+}
+
 /// One request in the audit log (metadata level).
 #[derive(Debug, Clone, PartialEq)]
 pub struct AuditRequest {
@@ -273,6 +339,34 @@ pub fn unix_now() -> f64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn wakeups_are_the_voluntary_switches() {
+        let status =
+            "Name:\tefa-driver\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n";
+        assert_eq!(super::voluntary_switches(status), Some(1234));
+        assert_eq!(super::voluntary_switches("Name:\tx\n"), None);
+        // This test's own process has at least one thread with a status.
+        assert!(super::proc_wakeups(std::process::id() as i32).is_some());
+    }
+
+    #[test]
+    fn idle_cost_is_per_minute() {
+        let t = std::time::Instant::now();
+        let a = super::CostSample {
+            at: t,
+            cpu_s: 1.0,
+            wakeups: 100,
+        };
+        let b = super::CostSample {
+            at: t + std::time::Duration::from_secs(30),
+            cpu_s: 1.5,
+            wakeups: 400,
+        };
+        let c = a.until(&b);
+        assert!((c.cpu_ms_per_min - 1000.0).abs() < 1e-6, "{c:?}");
+        assert!((c.wakeups_per_min - 600.0).abs() < 1e-6, "{c:?}");
+    }
+
     use super::*;
 
     const KUBELET: &str = r#"# HELP dra_grpc_operations_duration_seconds [ALPHA] Duration

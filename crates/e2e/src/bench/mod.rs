@@ -15,6 +15,8 @@
 //!   scheduled → running; the audit log gives the API server's time for
 //!   each claim GET the prepares made; each driver's own timing line splits
 //!   kubelet's prepare figure ([`breakdown`]);
+//! - CPU time and wake-ups (voluntary context switches of all threads) of
+//!   each driver process over the steady window, per minute;
 //! - RSS and peak RSS (`VmHWM`) after the rounds, binary sizes.
 
 pub mod breakdown;
@@ -40,7 +42,8 @@ use crate::local::LocalTestbed;
 use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
 use crate::versions::KubernetesVersion;
 use measure::{
-    Stats, claim_get_server_ms, count_requests, parse_audit_log, proc_memory_kib, unix_now,
+    CostSample, IdleCost, Stats, claim_get_server_ms, count_requests, parse_audit_log,
+    proc_memory_kib, unix_now,
 };
 pub use report::{BenchReport, DriverFigures};
 
@@ -87,6 +90,9 @@ pub async fn run(options: &BenchOptions) -> Result<BenchReport> {
         bin_dir: Some(options.bin_dir.clone()),
         kubernetes_version: options.kubernetes_version.clone(),
         audit_log: true,
+        // The driver's own default, not the testbeds' 1 s: the idle
+        // figures must be what a node pays.
+        rescan_interval: Some(dra_core::rescan::DEFAULT_RESCAN_INTERVAL),
         ..LocalOptions::default()
     })
     .await?;
@@ -226,8 +232,17 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         options.steady.as_secs()
     );
     let from = unix_now();
+    let cost_from: Vec<Option<CostSample>> = [&ours, &reference]
+        .iter()
+        .map(|s| CostSample::take(s.pid))
+        .collect();
     tokio::time::sleep(options.steady).await;
     let to = unix_now();
+    let idle_cost: Vec<Option<IdleCost>> = [&ours, &reference]
+        .iter()
+        .zip(&cost_from)
+        .map(|(s, from)| Some(from.as_ref()?.until(&CostSample::take(s.pid)?)))
+        .collect();
     // The audit log is written in batches of at most a second.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let audit = read_audit(&run_dir)?;
@@ -307,6 +322,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
             rss_after_kib: after[i].0,
             rss_peak_kib: after[i].1,
             steady_requests: steady[i].clone(),
+            idle_cost: idle_cost[i],
             claim_get_server_ms: claim_gets[i],
             breakdown: prepare_breakdown(s, &mine),
         }

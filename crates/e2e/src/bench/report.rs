@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use super::breakdown::Breakdown;
-use super::measure::{RequestCounts, Stats};
+use super::measure::{IdleCost, RequestCounts, Stats};
 use super::rounds::Round;
 
 /// Everything measured of one driver.
@@ -28,6 +28,10 @@ pub struct DriverFigures {
     pub rss_peak_kib: u64,
     /// Requests of the driver's identity in the steady window.
     pub steady_requests: RequestCounts,
+    /// CPU time and wake-ups over the steady window (`None`: the process's
+    /// `/proc` entries could not be read). Reports before this field: absent.
+    #[serde(default)]
+    pub idle_cost: Option<IdleCost>,
     /// The API server's time for each claim GET of the rounds (audit log:
     /// received → response complete), ms. Reports before this field: absent.
     #[serde(default)]
@@ -148,6 +152,22 @@ impl BenchReport {
             "MiB",
             1,
         );
+        if let (Some(a), Some(b)) = (&o.idle_cost, &r.idle_cost) {
+            row(
+                "CPU at rest per minute",
+                a.cpu_ms_per_min,
+                b.cpu_ms_per_min,
+                "ms",
+                1,
+            );
+            row(
+                "wake-ups at rest per minute",
+                a.wakeups_per_min,
+                b.wakeups_per_min,
+                "",
+                0,
+            );
+        }
         let (a, b) = (&o.steady_requests, &r.steady_requests);
         let w = self.steady_secs;
         rows.push((
