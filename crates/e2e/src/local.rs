@@ -38,8 +38,7 @@ use crate::manifests::GPU_TEST_MANIFEST;
 use crate::pod_adapt::adapt_pod_for_local;
 use crate::pools::wait_pool_complete;
 use crate::testbed::{
-    DriverKind, LocalOptions, ManagedTestbed, NodeInfo, RESCAN_INTERVAL, Testbed,
-    rescan_interval_env_of,
+    DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed, rescan_interval_env_of,
 };
 use crate::toolchain::PAUSE_IMAGE;
 
@@ -69,8 +68,7 @@ pub struct LocalTestbed {
     nodes: Mutex<Vec<NodeState>>,
     /// Start → complete pool, per `(node, driver)`, for the figures.
     start_times: Mutex<Vec<(String, DriverKind, Duration)>>,
-    /// The drivers' `RESCAN_INTERVAL_SECONDS` ([`LocalOptions::rescan_interval`]).
-    rescan_interval: Duration,
+    rescan_interval: Duration, // LocalOptions::rescan_interval
 }
 
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -111,7 +109,7 @@ impl LocalTestbed {
             bin_dir,
             nodes: Mutex::new(Vec::new()),
             start_times: Mutex::new(Vec::new()),
-            rescan_interval: options.rescan_interval.unwrap_or(RESCAN_INTERVAL),
+            rescan_interval: (options.rescan_interval).unwrap_or(crate::testbed::RESCAN_INTERVAL),
         };
         testbed.install_cluster_objects(&helm).await?;
         for (name, instance_type, drivers) in &options.nodes {
