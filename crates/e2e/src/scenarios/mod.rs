@@ -142,7 +142,7 @@ scenarios! {
         => migration::device_plugin_to_dra;
     s20_explain_agreement [AdminAccess] "kubectl-dra's CEL refuses what the API server refuses and selects what kube-scheduler allocates, data/cel-selectors.txt in one batch; a held device names its claim"
         => cel_agreement::explain_agreement;
-    s21_device_reuse [] "force-deleted pod, its device at once to a new claim: Running within 30 s, handed over within 1 s of the unprepare, never prepared for two claims"
+    s21_device_reuse [] "force-deleted pod, its device at once to a new claim: Running within 60 s, handed over within 1 s of the unprepare, never prepared for two claims"
         => reuse::device_reuse;
     s22_bad_opaque_config [] "a NeuronConfig under the EFA driver: FailedPrepareDynamicResources with our exact message, nothing left on the node"
         => bad_input::bad_opaque_config;
