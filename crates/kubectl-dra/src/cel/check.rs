@@ -163,67 +163,55 @@ pub fn check(source: &str, expr: &IdedExpr, release: Release) -> Result<(), Stri
 /// so the source is scanned (outside string literals) instead.
 fn one_variable_exists_one(source: &str) -> Option<usize> {
     let bytes = source.as_bytes();
-    let mut i = 0;
+    let code = outside_strings(source);
+    for (k, &i) in code.iter().enumerate() {
+        if !source[i..].starts_with(".existsOne(") {
+            continue;
+        }
+        let (mut depth, mut commas) = (0usize, 0);
+        // From the `(`: the call's brackets and its top-level commas.
+        for &j in &code[k + ".existsOne".len()..] {
+            match bytes[j] {
+                b'(' | b'[' | b'{' => depth += 1,
+                b')' | b']' | b'}' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                b',' if depth == 1 => commas += 1,
+                _ => {}
+            }
+        }
+        if commas == 1 {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// Byte positions of `source` outside its string literals (quotes and
+/// escaped characters included in the literal).
+fn outside_strings(source: &str) -> Vec<usize> {
+    let bytes = source.as_bytes();
+    let mut code = Vec::with_capacity(bytes.len());
     let mut quote: Option<u8> = None;
+    let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
-        if let Some(q) = quote {
-            if b == b'\\' {
+        match quote {
+            Some(_) if b == b'\\' => {
                 i += 2;
                 continue;
             }
-            if b == q {
-                quote = None;
-            }
-            i += 1;
-            continue;
-        }
-        if b == b'"' || b == b'\'' {
-            quote = Some(b);
-            i += 1;
-            continue;
-        }
-        if source[i..].starts_with(".existsOne(") {
-            let start = i;
-            let mut depth = 0usize;
-            let mut commas = 0;
-            let mut j = i + ".existsOne".len();
-            let mut inner_quote: Option<u8> = None;
-            while j < bytes.len() {
-                let c = bytes[j];
-                if let Some(q) = inner_quote {
-                    if c == b'\\' {
-                        j += 2;
-                        continue;
-                    }
-                    if c == q {
-                        inner_quote = None;
-                    }
-                } else {
-                    match c {
-                        b'"' | b'\'' => inner_quote = Some(c),
-                        b'(' | b'[' | b'{' => depth += 1,
-                        b')' | b']' | b'}' => {
-                            depth = depth.saturating_sub(1);
-                            if depth == 0 {
-                                break;
-                            }
-                        }
-                        b',' if depth == 1 => commas += 1,
-                        _ => {}
-                    }
-                }
-                j += 1;
-            }
-            if commas == 1 {
-                return Some(start + 1);
-            }
-            i = j;
-            continue;
+            Some(q) if b == q => quote = None,
+            Some(_) => {}
+            None if b == b'"' || b == b'\'' => quote = Some(b),
+            None => code.push(i),
         }
         i += 1;
     }
-    None
+    code
 }
 
 impl Checker {
