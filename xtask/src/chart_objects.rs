@@ -259,11 +259,13 @@ mod tests {
         manifest_checks::parse(yaml).unwrap()
     }
 
+    /// The first rendered object of `kind`.
+    fn first_of<'a>(objs: &'a mut [Value], kind: &str) -> &'a mut Value {
+        objs.iter_mut().find(|o| o["kind"] == kind).unwrap()
+    }
+
     fn ds_container(objs: &mut [Value]) -> &mut Value {
-        objs.iter_mut()
-            .find(|o| o["kind"] == "DaemonSet")
-            .map(|d| &mut d["spec"]["template"]["spec"]["containers"][0])
-            .unwrap()
+        &mut first_of(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
     }
 
     #[test]
@@ -301,35 +303,26 @@ mod tests {
                 },
             ),
             ("maxUnavailable 1", "maxUnavailable 0", |o| {
-                let ds = o.iter_mut().find(|d| d["kind"] == "DaemonSet").unwrap();
+                let ds = first_of(o, "DaemonSet");
                 ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] = 1.into();
             }),
             (
                 "VAP without the DELETE case",
                 "'DELETE' ? oldObject : object",
                 |o| {
-                    let p = o
-                        .iter_mut()
-                        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-                        .unwrap();
+                    let p = first_of(o, "ValidatingAdmissionPolicy");
                     p["spec"]["variables"][1]["expression"] = "object".into();
                 },
             ),
             ("VAP fails open", "must fail closed", |o| {
-                let p = o
-                    .iter_mut()
-                    .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-                    .unwrap();
+                let p = first_of(o, "ValidatingAdmissionPolicy");
                 p["spec"]["failurePolicy"] = "Ignore".into();
             }),
             (
                 "VAP not matching deletes",
                 "CREATE/UPDATE/DELETE of resourceslices",
                 |o| {
-                    let p = o
-                        .iter_mut()
-                        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
-                        .unwrap();
+                    let p = first_of(o, "ValidatingAdmissionPolicy");
                     p["spec"]["matchConstraints"]["resourceRules"][0]["operations"] =
                         serde_json::json!(["CREATE", "UPDATE"]);
                 },
@@ -338,12 +331,12 @@ mod tests {
                 "token mounted into every container",
                 "automountServiceAccountToken must be false",
                 |o| {
-                    let ds = o.iter_mut().find(|d| d["kind"] == "DaemonSet").unwrap();
+                    let ds = first_of(o, "DaemonSet");
                     ds["spec"]["template"]["spec"]["automountServiceAccountToken"] = true.into();
                 },
             ),
             ("list on claims", "not least-privilege", |o| {
-                let r = o.iter_mut().find(|d| d["kind"] == "ClusterRole").unwrap();
+                let r = first_of(o, "ClusterRole");
                 r["rules"][0]["verbs"] = serde_json::json!(["get", "list"]);
             }),
             ("misspelt field", ".containers[0].livenessProbes", |o| {
@@ -362,10 +355,7 @@ mod tests {
                 "a second subject bound to the role",
                 "does not bind exactly",
                 |o| {
-                    let b = o
-                        .iter_mut()
-                        .find(|d| d["kind"] == "ClusterRoleBinding")
-                        .unwrap();
+                    let b = first_of(o, "ClusterRoleBinding");
                     let extra =
                         serde_json::json!({"kind": "Group", "name": "system:authenticated"});
                     b["subjects"].as_array_mut().unwrap().push(extra);
@@ -375,10 +365,7 @@ mod tests {
                 "service account in another namespace",
                 "not in the release namespace",
                 |o| {
-                    let sa = o
-                        .iter_mut()
-                        .find(|d| d["kind"] == "ServiceAccount")
-                        .unwrap();
+                    let sa = first_of(o, "ServiceAccount");
                     sa["metadata"]["namespace"] = "default".into();
                 },
             ),
@@ -394,7 +381,7 @@ mod tests {
                 "DeviceClass selecting another driver first",
                 "first selector must be",
                 |o| {
-                    let c = o.iter_mut().find(|d| d["kind"] == "DeviceClass").unwrap();
+                    let c = first_of(o, "DeviceClass");
                     c["spec"]["selectors"][0]["cel"]["expression"] =
                         "device.driver == \"other.example.com\"".into();
                 },
@@ -403,7 +390,7 @@ mod tests {
                 "Fargate and Auto Mode nodes not excluded",
                 "a required node selector term has keys",
                 |o| {
-                    let ds = o.iter_mut().find(|d| d["kind"] == "DaemonSet").unwrap();
+                    let ds = first_of(o, "DaemonSet");
                     let exprs = &mut ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
                         ["nodeSelectorTerms"][0]["matchExpressions"];
                     exprs.as_array_mut().unwrap().truncate(1);
@@ -424,7 +411,7 @@ mod tests {
                 "NetworkPolicy admitting a second port",
                 "the only admitted port must be TCP metrics",
                 |o| {
-                    let np = o.iter_mut().find(|d| d["kind"] == "NetworkPolicy").unwrap();
+                    let np = first_of(o, "NetworkPolicy");
                     np["spec"]["ingress"][0]["ports"]
                         .as_array_mut()
                         .unwrap()
