@@ -1,9 +1,11 @@
-//! Scenario 17: kubectl-dra's CEL against the real kube-scheduler, in one
+//! Scenario 20: kubectl-dra's CEL against the real kube-scheduler, in one
 //! batch, and the reason it gives for a device another claim holds.
 //!
 //! 1. CEL differential: every selector expression below goes, in one batch,
 //!    into its own claim (`allocationMode: All`, `adminAccess: true`, so
-//!    that the claims do not compete for devices) with its own pod. Where
+//!    that the claims do not compete for devices) with its own pod, pinned
+//!    to the [`shadow`] nodes (copies of every node's slices, no kubelet:
+//!    the pods are allocated by the real scheduler but never run). Where
 //!    the scheduler allocates, our evaluation must select exactly the
 //!    devices it allocated on that node; where it does not, ours must find
 //!    no device on any node, or a runtime error; and `explain`'s verdict must
@@ -35,6 +37,7 @@ use serde_json::json;
 use super::agreement;
 use super::allocate::stays_pending;
 use super::kit;
+use super::shadow;
 use crate::testbed::{DriverKind, Testbed};
 
 const EFA: &str = "efa.networking.k8s.aws";
@@ -190,12 +193,9 @@ async fn create_batch(
             refused.insert(i, format!("{e:#}"));
             continue;
         }
-        kit::apply_all(
-            tb,
-            ns,
-            &[kit::pod_with_claim(tb, &name, None, Some(&name), None)],
-        )
-        .await?;
+        let mut pod = kit::pod_with_claim(tb, &name, None, Some(&name), None);
+        shadow::pin_to_shadows(&mut pod);
+        kit::apply_all(tb, ns, &[pod]).await?;
     }
     Ok(refused)
 }
@@ -344,9 +344,7 @@ async fn cel_differential(tb: &impl Testbed, ns: &str) -> Result<()> {
             failures.join("\n")
         );
     }
-    // Compared above, claim by claim; the batch's pods need not go through
-    // the generic check of [`super::agreement`] a second time.
-    kit::delete_all_pods(tb, ns, SETTLE).await
+    Ok(())
 }
 
 /// Every trn2 EFA held by one claim; a second claim that wants one of them
@@ -402,6 +400,24 @@ pub async fn explain_agreement(tb: &impl Testbed, ns: &str) -> Result<()> {
     )
     .await
     .context("adding node trn1")?;
-    cel_differential(tb, ns).await?;
+    let shadows = shadow::create(tb).await;
+    let compared = match &shadows {
+        Ok(s) => {
+            println!(
+                "    shadow nodes {:?} with {} copied ResourceSlices",
+                s.nodes.values().collect::<Vec<_>>(),
+                s.slices
+            );
+            cel_differential(tb, ns).await
+        }
+        Err(_) => Ok(()),
+    };
+    // Compared claim by claim; the batch's pods need not go through the
+    // generic check of [`super::agreement`] a second time. Removed whatever
+    // happened, so that the next scenarios see no shadow devices.
+    let removed = shadow::remove(tb, ns, SETTLE).await;
+    shadows?;
+    compared?;
+    removed?;
     held_by_another_claim(tb, ns).await
 }

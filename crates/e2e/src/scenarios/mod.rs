@@ -32,6 +32,7 @@ mod migration;
 mod partitions;
 mod publish;
 mod reuse;
+mod shadow;
 mod taints;
 mod uninstall;
 mod upgrade;
