@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: performance figures on the local cluster, reported
 //! and written as JSON for the history, never asserted (docs/performance.md).
 //!
-//! - `cargo xtask bench [--rounds N] [--steady-secs S]`: our EFA driver
+//! - `cargo xtask bench [--rounds N] [--steady-secs S] [--bursts 8,16,32]`: our EFA driver
 //!   (release build, as the image ships it) against the reference Go driver
 //!   of `e2e/go/refdriver`, side by side on node p5, alternating rounds
 //!   (`e2e::bench`). Writes `<work-dir>/bench-<version>.json`.
@@ -54,6 +54,13 @@ struct DriverArgs {
     /// The idle window in which each driver's API requests are counted.
     #[arg(long, default_value_t = 600)]
     steady_secs: u64,
+    /// Burst sizes, comma-separated: N pods with a one-device claim each,
+    /// created at once (`e2e::bench::burst`); `--bursts ''` runs none.
+    #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32])]
+    bursts: Vec<usize>,
+    /// Bursts of each size per driver.
+    #[arg(long, default_value_t = 5)]
+    burst_rounds: usize,
     #[command(flatten)]
     common: Common,
 }
@@ -140,6 +147,8 @@ fn run_drivers(args: DriverArgs) -> Result<()> {
         kubernetes_version: version.clone(),
         bin_dir,
         refdriver,
+        bursts: args.bursts,
+        burst_rounds: args.burst_rounds,
     };
     eprintln!(
         "==> bench: Kubernetes {version}, {} rounds per driver, {} s steady window",
@@ -147,7 +156,7 @@ fn run_drivers(args: DriverArgs) -> Result<()> {
     );
     let runtime = tokio::runtime::Runtime::new()?;
     let report = runtime.block_on(e2e::bench::run(&options))?;
-    for line in report.table() {
+    for line in report.table().into_iter().chain(report.burst_table()) {
         println!("{line}");
     }
     write_json(&work.join(format!("bench-{version}.json")), &report)

@@ -262,6 +262,10 @@ pub(crate) async fn start(
         .arg(format!("--hostname-override={}", plan.spec.name))
         .arg(format!("--node-ip={NODE_IP}"))
         .arg("--v=2")
+        // Each DRA call's start and answer, with kubelet's time stamps and
+        // claim UIDs (two lines per call): what the burst benchmark times
+        // calls with, and what a reader of a failed scenario wants to see.
+        .arg("--vmodule=dra_plugin=4")
         .env("PATH", &path_env);
     if !plan.spec.labels.is_empty() {
         let labels: Vec<String> = plan

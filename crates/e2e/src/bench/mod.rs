@@ -20,6 +20,7 @@
 //! - RSS and peak RSS (`VmHWM`) after the rounds, binary sizes.
 
 pub mod breakdown;
+pub mod burst;
 pub mod fleet;
 mod fleet_report;
 pub mod measure;
@@ -64,6 +65,10 @@ pub struct BenchOptions {
     pub bin_dir: PathBuf,
     /// The reference driver's binary ([`refdriver::build`]).
     pub refdriver: PathBuf,
+    /// Burst sizes ([`burst`]), run after the single-pod rounds.
+    pub bursts: Vec<usize>,
+    /// Bursts of each size per driver.
+    pub burst_rounds: usize,
 }
 
 /// The pieces of one driver under test.
@@ -287,6 +292,40 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         .iter()
         .map(|s| claim_get_server_ms(&audit, &s.user, rounds_from, rounds_to))
         .collect();
+    let kubelet_log = node_dir.join("kubelet.log");
+    let mut bursts = Vec::new();
+    for &pods in &options.bursts {
+        for i in 0..options.burst_rounds {
+            let order = if i % 2 == 0 {
+                [&ours, &reference]
+            } else {
+                [&reference, &ours]
+            };
+            for s in order {
+                let target = burst::Target {
+                    node: NODE,
+                    kubelet_log: &kubelet_log,
+                    driver: s.driver,
+                    class: s.class,
+                    short: s.short,
+                };
+                let b = burst::run_burst(&client, &target, pods, i).await?;
+                let st = b.prepare_stats();
+                eprintln!(
+                    "bench: burst {pods:>2} #{} {:<12} prepare calls {} p50 {:>7.2} ms max {:>7.2} ms span {:>7.1} ms; created -> last Running {:>6.0} ms; unprepare span {:>7.1} ms",
+                    i + 1,
+                    s.label,
+                    st.n,
+                    st.p50,
+                    st.max,
+                    b.prepare_span_ms,
+                    b.created_to_last_running_ms,
+                    b.unprepare_span_ms
+                );
+                bursts.push(b);
+            }
+        }
+    }
     let figures = |i: usize, s: &Subject| {
         let mine: Vec<&rounds::Round> =
             all_rounds.iter().filter(|r| r.driver == s.driver).collect();
@@ -337,6 +376,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         ours: figures(0, &ours),
         reference: figures(1, &reference),
         rounds_detail: all_rounds,
+        bursts,
         run_dir: run_dir.display().to_string(),
     })
 }

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::breakdown::Breakdown;
+use super::burst::Burst;
 use super::measure::{IdleCost, RequestCounts, Stats};
 use super::rounds::Round;
 
@@ -53,6 +54,9 @@ pub struct BenchReport {
     pub ours: DriverFigures,
     pub reference: DriverFigures,
     pub rounds_detail: Vec<Round>,
+    /// The bursts ([`super::burst`]). Reports before this field: absent.
+    #[serde(default)]
+    pub bursts: Vec<Burst>,
     pub run_dir: String,
 }
 
@@ -193,6 +197,130 @@ impl BenchReport {
         ));
         for (name, a, b, q) in rows {
             out.push(format!("{name:<46} {a:>16} {b:>16} {q:>8}"));
+        }
+        out
+    }
+}
+
+/// The bursts of one driver and size, summed over their repetitions.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BurstFigures {
+    pub bursts: usize,
+    /// Every prepare call of those bursts (kubelet's log), ms.
+    pub prepare_call_ms: Stats,
+    /// First call → last answer, per burst, ms.
+    pub prepare_span_ms: Stats,
+    pub unprepare_call_ms: Stats,
+    pub unprepare_span_ms: Stats,
+    pub created_to_last_running_ms: Stats,
+    pub deleted_to_last_gone_ms: Stats,
+}
+
+impl BurstFigures {
+    pub fn of(bursts: &[&Burst]) -> BurstFigures {
+        let all = |f: fn(&Burst) -> &Vec<f64>| {
+            Stats::of(
+                &bursts
+                    .iter()
+                    .flat_map(|b| f(b).iter().copied())
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let each =
+            |f: fn(&Burst) -> f64| Stats::of(&bursts.iter().map(|b| f(b)).collect::<Vec<_>>());
+        BurstFigures {
+            bursts: bursts.len(),
+            prepare_call_ms: all(|b| &b.prepare_call_ms),
+            prepare_span_ms: each(|b| b.prepare_span_ms),
+            unprepare_call_ms: all(|b| &b.unprepare_call_ms),
+            unprepare_span_ms: each(|b| b.unprepare_span_ms),
+            created_to_last_running_ms: each(|b| b.created_to_last_running_ms),
+            deleted_to_last_gone_ms: each(|b| b.deleted_to_last_gone_ms),
+        }
+    }
+}
+
+impl BenchReport {
+    /// Burst figures of `driver` at size `pods`.
+    pub fn burst_figures(&self, driver: &str, pods: usize) -> BurstFigures {
+        let mine: Vec<&Burst> = self
+            .bursts
+            .iter()
+            .filter(|b| b.driver == driver && b.pods == pods)
+            .collect();
+        BurstFigures::of(&mine)
+    }
+
+    /// The bursts' table: per size, ours against the reference (medians
+    /// over the repetitions for spans, all calls for call latencies).
+    pub fn burst_table(&self) -> Vec<String> {
+        let mut sizes: Vec<usize> = self.bursts.iter().map(|b| b.pods).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let mut out = Vec::new();
+        if sizes.is_empty() {
+            return out;
+        }
+        out.push(format!(
+            "{:<46} {:>16} {:>16} {:>8}",
+            "burst figure (kubelet's log)", "ours (release)", "Go reference", "ours/Go"
+        ));
+        for pods in sizes {
+            let o = self.burst_figures(&self.ours.driver, pods);
+            let r = self.burst_figures(&self.reference.driver, pods);
+            let mut row = |name: String, a: f64, b: f64| {
+                out.push(format!(
+                    "{name:<46} {:>16} {:>16} {:>8}",
+                    format!("{a:.1} ms"),
+                    format!("{b:.1} ms"),
+                    ratio(a, b)
+                ));
+            };
+            row(
+                format!("N={pods} prepare call p50"),
+                o.prepare_call_ms.p50,
+                r.prepare_call_ms.p50,
+            );
+            row(
+                format!("N={pods} prepare call p99"),
+                o.prepare_call_ms.p99,
+                r.prepare_call_ms.p99,
+            );
+            row(
+                format!("N={pods} prepare call max"),
+                o.prepare_call_ms.max,
+                r.prepare_call_ms.max,
+            );
+            row(
+                format!("N={pods} first call -> last answer p50"),
+                o.prepare_span_ms.p50,
+                r.prepare_span_ms.p50,
+            );
+            row(
+                format!("N={pods} created -> last Running p50"),
+                o.created_to_last_running_ms.p50,
+                r.created_to_last_running_ms.p50,
+            );
+            row(
+                format!("N={pods} unprepare call p50"),
+                o.unprepare_call_ms.p50,
+                r.unprepare_call_ms.p50,
+            );
+            row(
+                format!("N={pods} unprepare call max"),
+                o.unprepare_call_ms.max,
+                r.unprepare_call_ms.max,
+            );
+            row(
+                format!("N={pods} unprepare first -> last p50"),
+                o.unprepare_span_ms.p50,
+                r.unprepare_span_ms.p50,
+            );
+            row(
+                format!("N={pods} deleted -> last gone p50"),
+                o.deleted_to_last_gone_ms.p50,
+                r.deleted_to_last_gone_ms.p50,
+            );
         }
         out
     }
