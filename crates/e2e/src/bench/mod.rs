@@ -292,6 +292,16 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         .iter()
         .map(|s| claim_get_server_ms(&audit, &s.user, rounds_from, rounds_to))
         .collect();
+    // The drivers' timing lines pair with the single-pod rounds' calls
+    // only: split them before the bursts add lines of their own.
+    let breakdowns: Vec<Option<breakdown::Breakdown>> = [&ours, &reference]
+        .iter()
+        .map(|s| {
+            let mine: Vec<&rounds::Round> =
+                all_rounds.iter().filter(|r| r.driver == s.driver).collect();
+            prepare_breakdown(s, &mine)
+        })
+        .collect();
     let kubelet_log = node_dir.join("kubelet.log");
     let mut bursts = Vec::new();
     for &pods in &options.bursts {
@@ -363,7 +373,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
             steady_requests: steady[i].clone(),
             idle_cost: idle_cost[i],
             claim_get_server_ms: claim_gets[i],
-            breakdown: prepare_breakdown(s, &mine),
+            breakdown: breakdowns[i].clone(),
         }
     };
     Ok(BenchReport {
