@@ -66,10 +66,15 @@ pub(crate) fn commit(mut staged: Vec<Staged>) -> Result<(), (PathBuf, std::io::E
         Some(file) => file.sync_all().map_err(|e| (s.path.clone(), e)),
         None => Ok(()),
     })?;
-    for s in &mut staged {
+    crate::crash::point("commit:synced");
+    for (i, s) in staged.iter_mut().enumerate() {
+        if i == 1 {
+            crate::crash::point("commit:renamed-first");
+        }
         fs::rename(&s.tmp, &s.path).map_err(|e| (s.path.clone(), e))?;
         s.file = None;
     }
+    crate::crash::point("commit:renamed");
     let mut dirs: Vec<&Path> = staged
         .iter()
         .map(|s| s.path.parent().unwrap_or(Path::new(".")))

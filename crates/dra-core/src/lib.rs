@@ -29,6 +29,7 @@ pub mod cli;
 mod client;
 pub mod config;
 pub mod connection;
+mod crash;
 pub mod driver;
 pub mod health;
 pub mod inventory;

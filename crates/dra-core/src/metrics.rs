@@ -38,6 +38,9 @@ pub struct PluginMetrics {
     prepared_devices: IntGauge,
     /// Claims that waited for a device's release, by `result`.
     release_waits: IntCounterVec,
+    /// Calls (prepare and unprepare) whose changes went to disk in one
+    /// checkpoint commit.
+    commit_group: prometheus::Histogram,
 }
 
 impl PluginMetrics {
@@ -99,6 +102,15 @@ impl PluginMetrics {
             ),
             &["result"],
         )?;
+        let commit_group = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "aws_dra_plugin_commit_group_calls",
+                "Prepare and unprepare calls served together by one checkpoint commit \
+                 (group commit: kubelet's concurrent calls share one pass and one disk wait).",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        )?;
+        registry.register(Box::new(commit_group.clone()))?;
         registry.register(Box::new(claims.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(in_flight.clone()))?;
@@ -118,7 +130,12 @@ impl PluginMetrics {
             prepared_claims,
             prepared_devices,
             release_waits,
+            commit_group,
         })
+    }
+
+    pub(crate) fn commit_group(&self, calls: usize) {
+        self.commit_group.observe(calls as f64);
     }
 
     pub(crate) fn claim_done(&self, operation: &str, ok: bool, seconds: f64) {
@@ -273,6 +290,7 @@ pub(crate) mod tests {
         plugin.registration(false);
         plugin.release_wait_done(true);
         plugin.checkpoint_error("corrupt");
+        plugin.commit_group(3);
         publish.publish_errors.with_label_values(&["create"]).inc();
         publish.slice_writes.with_label_values(&["create"]).inc();
         publish
@@ -302,7 +320,7 @@ pub(crate) mod tests {
             ["aws_dra_efa", "aws_dra_neuron", "aws_dra_gpu_test"]
         );
         let families = registry.gather();
-        assert_eq!(families.len(), 9 + 6 + 3 * 5, "every metric gathered");
+        assert_eq!(families.len(), 10 + 6 + 3 * 5, "every metric gathered");
         assert_eq!(naming_rule_violations(&families), Vec::<String>::new());
 
         // The mistakes of the names this rule replaced.

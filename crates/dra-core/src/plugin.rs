@@ -245,6 +245,7 @@ impl<D: Driver> KubeletPlugin<D> {
             metrics: self.metrics.clone(),
             release_wait: self.options.device_release_wait,
             released: tokio::sync::Notify::new(),
+            group: Default::default(),
         });
         // The prepared gauges, from what an earlier run left prepared (a
         // failure here shows again, and is handled, at the first call).

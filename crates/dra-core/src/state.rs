@@ -10,6 +10,11 @@
 //! Unprepare works from the checkpoint alone. Failures are per claim; only
 //! lock or checkpoint I/O failures fail the whole call.
 //!
+//! Concurrent calls (a burst of pods on one node) are served by group
+//! commit ([`group`]): the calls queued while one holds the lock are served
+//! together in one pass, with one checkpoint read and one commit of every
+//! CDI spec and the checkpoint, and none is answered before that commit.
+//!
 //! Device reuse: when a pod is force-deleted, its claim can be released and
 //! its device allocated to the next claim on the node before kubelet has
 //! unprepared the old claim. Refusing at once made kubelet back off for
@@ -27,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 use crate::atomic::Staged;
 use crate::cdi::CdiWriter;
@@ -37,6 +42,9 @@ use crate::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, PreparedDevi
 use crate::lock::{DataDirLock, LockError};
 use crate::metrics::PluginMetrics;
 use crate::resolve::{ResolveError, resolve_claim_with};
+
+pub(crate) mod group;
+use group::{CallInput, Done, Work};
 
 /// How often a prepare that waits for a device's release re-reads the
 /// checkpoint, for an unprepare made by another plugin instance (those of
@@ -50,6 +58,9 @@ pub(crate) enum PipelineError {
     Lock(#[from] LockError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The group commit that served this call failed (the leader's error).
+    #[error("{0}")]
+    Group(String),
 }
 
 /// Per-claim answer of prepare: the devices, or an actionable message.
@@ -78,6 +89,8 @@ pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) release_wait: Duration,
     /// Woken after every unprepare that removed claims from the checkpoint.
     pub(crate) released: Notify,
+    /// Work of concurrent calls waiting for the next group commit.
+    pub(crate) group: group::Queue,
 }
 
 impl<D: Driver> ClaimPipeline<D> {
@@ -95,6 +108,8 @@ impl<D: Driver> ClaimPipeline<D> {
 
         let called = Instant::now();
         let get_seconds = called.duration_since(call_started).as_secs_f64();
+        let call = Arc::new(CallInput { requested, fetched });
+        let requested = &call.requested;
         let mut timings = PassTimings::default();
         let deadline = tokio::time::Instant::now() + self.release_wait;
         let mut answers = BTreeMap::new();
@@ -106,15 +121,15 @@ impl<D: Driver> ClaimPipeline<D> {
             // runs after the pass (it needs the lock) is never missed.
             let released = self.released.notified();
             let last_pass = tokio::time::Instant::now() >= deadline;
-            let waiting = self
-                .prepare_pass(
-                    &requested,
-                    &fetched,
-                    &pending,
-                    last_pass,
-                    waited.then_some(called),
-                )
-                .await?;
+            let work = Work::Prepare {
+                call: call.clone(),
+                pending: pending.clone(),
+                last_pass,
+                waited_since: waited.then_some(called),
+            };
+            let Done::Prepare(waiting) = self.submit(work).await? else {
+                unreachable!("a prepare job is answered with a prepare pass")
+            };
             timings.add(&waiting.timings);
             for (index, outcome) in waiting.answered {
                 answers.insert(requested[index].uid.clone(), outcome);
@@ -157,33 +172,142 @@ impl<D: Driver> ClaimPipeline<D> {
         Ok(answers)
     }
 
-    /// One pass under the lock over the claims at `pending`: answers, and
-    /// the claims held by another claim that are worth another pass (none
-    /// when `last_pass`). `waited_since`: when the call began, once it
-    /// has waited (the claims' durations then include the wait).
-    async fn prepare_pass(
+    /// Serves `work` in the next group commit (see [`group`]): queues it,
+    /// takes the lock, and either finds it answered by the group that took
+    /// it or leads a group itself.
+    async fn submit(&self, work: Work) -> Result<Done, PipelineError> {
+        loop {
+            let (id, mut answer) = self.group.push(work.clone());
+            let guard = match self.lock.lock().await {
+                Ok(guard) => guard,
+                Err(e) if self.group.withdraw(id) => return Err(e.into()),
+                // A leader took the job while this call waited for the lock.
+                Err(_) => match answer.await {
+                    Ok(done) => return done.map_err(PipelineError::Group),
+                    Err(_) => continue,
+                },
+            };
+            match answer.try_recv() {
+                Ok(done) => return done.map_err(PipelineError::Group),
+                // Its leader was dropped half-way: queue the work again.
+                Err(oneshot::error::TryRecvError::Closed) => continue,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let jobs = self.group.take_all();
+            let result = self.run_group(&jobs).await;
+            let mut mine = None;
+            match result {
+                Ok(done) => {
+                    for (job, done) in jobs.into_iter().zip(done) {
+                        if job.id == id {
+                            mine = Some(Ok(done));
+                        } else {
+                            let _ = job.reply.send(Ok(done));
+                        }
+                    }
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    for job in jobs.into_iter().filter(|j| j.id != id) {
+                        let _ = job.reply.send(Err(message.clone()));
+                    }
+                    mine = Some(Err(e));
+                }
+            }
+            drop(guard);
+            return mine.expect("the leader's own job is in its group");
+        }
+    }
+
+    /// One group under the lock: every job against one checkpoint read,
+    /// then one commit of every CDI spec and the checkpoint.
+    async fn run_group(&self, jobs: &[group::Job]) -> Result<Vec<Done>, PipelineError> {
+        let started = Instant::now();
+        crate::crash::group_size(jobs.len());
+        let mut checkpoint = self.checkpoint.load()?;
+        let load = started.elapsed().as_secs_f64();
+        let mut changed = false;
+        let mut released = false;
+        // CDI specs written for this group, put in place with the checkpoint.
+        let mut specs = Vec::new();
+        let mut done = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            done.push(match &job.work {
+                Work::Prepare {
+                    call,
+                    pending,
+                    last_pass,
+                    waited_since,
+                } => {
+                    let claims_started = Instant::now();
+                    let mut pass = self
+                        .prepare_claims(
+                            call,
+                            pending,
+                            *last_pass,
+                            *waited_since,
+                            &mut checkpoint,
+                            &mut specs,
+                            &mut changed,
+                        )
+                        .await;
+                    pass.timings.lock = started.duration_since(job.queued).as_secs_f64();
+                    pass.timings.load = load;
+                    pass.timings.claims = claims_started.elapsed().as_secs_f64();
+                    Done::Prepare(pass)
+                }
+                Work::Unprepare { requested } => {
+                    let answers = self
+                        .unprepare_claims(requested, &mut checkpoint, &mut released)
+                        .await;
+                    Done::Unprepare(answers)
+                }
+            });
+        }
+        crate::crash::point("group:served");
+        let saving = Instant::now();
+        if changed || released {
+            self.checkpoint.save_with(&checkpoint, specs)?;
+        }
+        crate::crash::point("group:committed");
+        let save = saving.elapsed().as_secs_f64();
+        for d in &mut done {
+            if let Done::Prepare(pass) = d {
+                pass.timings.save = save;
+            }
+        }
+        self.metrics.commit_group(jobs.len());
+        if jobs.len() > 1 {
+            tracing::debug!(
+                calls = jobs.len(),
+                seconds = started.elapsed().as_secs_f64(),
+                "group commit"
+            );
+        }
+        if released {
+            self.released.notify_waiters();
+        }
+        Ok(done)
+    }
+
+    /// One prepare pass over the claims at `pending` of `call`, against the
+    /// group's checkpoint: answers, and the claims held by another claim
+    /// that are worth another pass (none when `last_pass`). `waited_since`:
+    /// when the call began, once it has waited (the claims' durations then
+    /// include the wait).
+    #[allow(clippy::too_many_arguments)]
+    async fn prepare_claims(
         &self,
-        requested: &[ClaimRef],
-        fetched: &[Result<Option<ResourceClaim>, ClaimSourceError>],
+        call: &CallInput,
         pending: &[usize],
         last_pass: bool,
         waited_since: Option<Instant>,
-    ) -> Result<Pass, PipelineError> {
+        checkpoint: &mut Checkpoint,
+        specs: &mut Vec<Staged>,
+        changed: &mut bool,
+    ) -> Pass {
+        let (requested, fetched) = (&call.requested, &call.fetched);
         let mut pass = Pass::default();
-        let mut clock = Instant::now();
-        let mut lap = || {
-            let now = Instant::now();
-            let seconds = now.duration_since(clock).as_secs_f64();
-            clock = now;
-            seconds
-        };
-        let _guard = self.lock.lock().await?;
-        pass.timings.lock = lap();
-        let mut checkpoint = self.checkpoint.load()?;
-        pass.timings.load = lap();
-        let mut changed = false;
-        // CDI specs written for this pass, put in place with the checkpoint.
-        let mut specs = Vec::new();
         for &index in pending {
             let claim = &requested[index];
             let started = waited_since.unwrap_or_else(Instant::now);
@@ -191,12 +315,12 @@ impl<D: Driver> ClaimPipeline<D> {
             let mut still_held = false;
             let outcome = match checkpoint.claims.get(&claim.uid) {
                 Some(done) if spec_in_place(done) => Ok(done.devices.clone()),
-                _ => match self.prepare_one(claim, &fetched[index], &checkpoint).await {
+                _ => match self.prepare_one(claim, &fetched[index], checkpoint).await {
                     Ok((prepared, spec)) => {
                         let devices = prepared.devices.clone();
                         checkpoint.claims.insert(claim.uid.clone(), prepared);
                         specs.extend(spec);
-                        changed = true;
+                        *changed = true;
                         Ok(devices)
                     }
                     // A claim of this same call will not be unprepared
@@ -241,12 +365,7 @@ impl<D: Driver> ClaimPipeline<D> {
             }
             pass.answered.push((index, outcome));
         }
-        pass.timings.claims = lap();
-        if changed {
-            self.checkpoint.save_with(&checkpoint, specs)?;
-        }
-        pass.timings.save = lap();
-        Ok(pass)
+        pass
     }
 
     async fn prepare_one(
@@ -329,11 +448,25 @@ impl<D: Driver> ClaimPipeline<D> {
         &self,
         requested: Vec<ClaimRef>,
     ) -> Result<BTreeMap<String, Result<(), String>>, PipelineError> {
-        let _guard = self.lock.lock().await?;
-        let mut checkpoint = self.checkpoint.load()?;
-        let mut changed = false;
+        let work = Work::Unprepare {
+            requested: Arc::new(requested),
+        };
+        let Done::Unprepare(answers) = self.submit(work).await? else {
+            unreachable!("an unprepare job is answered with unprepare's answers")
+        };
+        Ok(answers)
+    }
+
+    /// Unprepares `requested` against the group's checkpoint; `released`
+    /// is set when a claim left it.
+    async fn unprepare_claims(
+        &self,
+        requested: &[ClaimRef],
+        checkpoint: &mut Checkpoint,
+        released: &mut bool,
+    ) -> BTreeMap<String, Result<(), String>> {
         let mut answers = BTreeMap::new();
-        for claim in &requested {
+        for claim in requested {
             let started = Instant::now();
             let outcome = match checkpoint.claims.get(&claim.uid) {
                 // Unknown: never prepared here, already unprepared, or
@@ -357,7 +490,7 @@ impl<D: Driver> ClaimPipeline<D> {
                     .await;
                     if result.is_ok() {
                         checkpoint.claims.remove(&claim.uid);
-                        changed = true;
+                        *released = true;
                     }
                     result
                 }
@@ -382,11 +515,7 @@ impl<D: Driver> ClaimPipeline<D> {
             }
             answers.insert(claim.uid.clone(), outcome);
         }
-        if changed {
-            self.checkpoint.save(&checkpoint)?;
-            self.released.notify_waiters();
-        }
-        Ok(answers)
+        answers
     }
 }
 
@@ -411,13 +540,14 @@ struct Pass {
 /// Seconds spent in each step of a pass (summed over passes for a call).
 #[derive(Default)]
 struct PassTimings {
-    /// Waiting for and taking the data-dir lock.
+    /// Waiting for the group that served the pass (the lock, and the
+    /// calls queued before it in that group).
     lock: f64,
-    /// Reading the checkpoint (and the boot id).
+    /// Reading the checkpoint (and the boot id), once per group.
     load: f64,
-    /// Resolving, the driver, the CDI specs.
+    /// Resolving, the driver, the CDI specs of this call's claims.
     claims: f64,
-    /// Writing the checkpoint.
+    /// Writing the checkpoint, once per group.
     save: f64,
 }
 
