@@ -3,8 +3,11 @@
 //! `dra-core` runs the scan at start, on kernel uevents of the `pci`,
 //! `infiniband` and `infiniband_verbs` subsystems (add, remove, bind,
 //! unbind, change) and on the periodic rescan; see `dra_core::rescan`. A
-//! scan reads a few files per PCI function (see `benches/rescan.rs` for its
-//! measured cost). An EFA that is present but unusable is logged once when
+//! discovery reads a few files per PCI function; a scan makes one only when
+//! the [`Fingerprint`] (five directory listings and the `efa` module's
+//! version) changed, or every [`FULL_SCAN_EVERY`] scans, and reuses the
+//! last one otherwise (see `benches/rescan.rs` for the measured cost).
+//! Health is read on every scan. An EFA that is present but unusable is logged once when
 //! it becomes unusable (not on every rescan) and counted in the metrics.
 //!
 //! Health ([`crate::health`]): each scan reads the counters of every EFA.
@@ -92,6 +95,68 @@ pub struct EfaInventory {
     published: BTreeMap<String, Device>,
     /// The last counter sample of each EFA, for the error rates.
     samples: BTreeMap<String, CounterSample>,
+    /// The last discovery, reused while nothing it depends on changed.
+    cached: Option<CachedDiscovery>,
+}
+
+/// A full discovery at least every this many scans (once a minute at the
+/// default 10 s rescan), whatever the fingerprint says: the fallback for a
+/// change no listed directory shows.
+pub const FULL_SCAN_EVERY: u32 = 6;
+
+/// What changes when an EFA comes, goes, binds or unbinds, or its kernel
+/// driver is reloaded: the names in the PCI device list, the `infiniband`
+/// and `infiniband_verbs` classes, the `efa` driver's bound functions and
+/// `/dev/infiniband`, and the `efa` module's version. Reading it costs five
+/// directory listings and one file, against a few files per PCI function
+/// (120 on a p5) for a discovery: most of an idle rescan's cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    listings: Vec<Vec<std::ffi::OsString>>,
+    efa_module: Option<String>,
+}
+
+impl Fingerprint {
+    /// `None` when a directory cannot be listed for another reason than
+    /// its absence (then nothing is reused).
+    fn read(root: &SysfsRoot, dev_root: &std::path::Path) -> Option<Fingerprint> {
+        let dirs = [
+            root.pci_devices_dir(),
+            root.class_dir("infiniband"),
+            root.class_dir("infiniband_verbs"),
+            root.path()
+                .join("bus/pci/drivers")
+                .join(discovery::EFA_KERNEL_DRIVER),
+            dev_root.join("infiniband"),
+        ];
+        let mut listings = Vec::with_capacity(dirs.len());
+        for dir in dirs {
+            let mut names = match std::fs::read_dir(&dir) {
+                Ok(entries) => entries
+                    .map(|e| e.map(|e| e.file_name()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .ok()?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                Err(_) => return None,
+            };
+            names.sort();
+            listings.push(names);
+        }
+        let efa_module = root.module_version(discovery::EFA_KERNEL_DRIVER).ok()?;
+        Some(Fingerprint {
+            listings,
+            efa_module,
+        })
+    }
+}
+
+/// The last discovery, its fingerprint, and how many scans reused it.
+#[derive(Debug)]
+struct CachedDiscovery {
+    fingerprint: Fingerprint,
+    found: discovery::Discovery,
+    devices: Vec<Device>,
+    reused: u32,
 }
 
 impl EfaInventory {
@@ -103,10 +168,37 @@ impl EfaInventory {
             metrics,
             published: BTreeMap::new(),
             samples: BTreeMap::new(),
+            cached: None,
         }
     }
 
     /// Warns once per EFA and reason; forgets EFAs that recovered or left.
+    /// The EFAs and their published attributes: discovered again when the
+    /// [`Fingerprint`] changed or after [`FULL_SCAN_EVERY`] scans, else the
+    /// last discovery. Health is read on every scan whatever this returns.
+    fn discover(&mut self) -> Result<(discovery::Discovery, Vec<Device>), InventoryError> {
+        let fingerprint = Fingerprint::read(&self.root, &self.dev_root);
+        if let (Some(cached), Some(now)) = (&mut self.cached, &fingerprint)
+            && cached.fingerprint == *now
+            && cached.reused < FULL_SCAN_EVERY - 1
+        {
+            cached.reused += 1;
+            return Ok((cached.found.clone(), cached.devices.clone()));
+        }
+        self.cached = None;
+        let found = discovery::discover(&self.root)?;
+        let devices = attributes::devices(&found);
+        if let Some(fingerprint) = fingerprint {
+            self.cached = Some(CachedDiscovery {
+                fingerprint,
+                found: found.clone(),
+                devices: devices.clone(),
+                reused: 0,
+            });
+        }
+        Ok((found, devices))
+    }
+
     fn note_unusable(&mut self, now: &[discovery::UnusableEfa]) {
         let mut next = BTreeMap::new();
         for u in now {
@@ -147,13 +239,13 @@ impl DeviceInventory for EfaInventory {
     /// Every usable EFA with its health, and every EFA published before
     /// that is now gone or unbound (tainted `device-lost`), in name order.
     fn scan(&mut self) -> Result<Vec<ScannedDevice>, InventoryError> {
-        let found = discovery::discover(&self.root)?;
+        let (found, devices) = self.discover()?;
         self.note_unusable(&found.unusable);
         let now = Instant::now();
         let ib_class = self.root.class_dir("infiniband");
         let mut samples = BTreeMap::new();
         let mut out: BTreeMap<String, ScannedDevice> = BTreeMap::new();
-        for (efa, device) in found.efas.iter().zip(attributes::devices(&found)) {
+        for (efa, device) in found.efas.iter().zip(devices) {
             let (conditions, sample) = health::read(
                 &ib_class.join(&efa.rdma_device),
                 self.samples.get(&device.name),
@@ -236,5 +328,76 @@ mod tests {
         );
         let gauge_stem = &names[0];
         assert_ne!(names[1].trim_end_matches("_total"), gauge_stem);
+    }
+
+    /// Between full discoveries a scan reuses the last one, but an EFA
+    /// that goes or unbinds changes the fingerprint and is seen at the
+    /// next scan; a change no listing shows (here a function's NUMA node,
+    /// which real hardware never changes) is seen within
+    /// FULL_SCAN_EVERY scans; health is read on every scan.
+    #[test]
+    fn reused_discoveries_see_every_change_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
+        let host = HostPaths {
+            sysfs_root: fixture.sys.clone(),
+            dev_root: fixture.dev.clone(),
+        };
+        let mut inventory = EfaInventory::new(&host, None);
+        let first = inventory.scan().unwrap();
+        assert_eq!(first.len(), 32);
+        let efa = inventory.cached.as_ref().unwrap().found.efas[0].clone();
+        let (bdf, name) = (
+            efa.address.to_string(),
+            attributes::device_name(efa.address),
+        );
+
+        // A fault is seen at once although the discovery is reused.
+        sysfs_fixtures::health::inject(
+            &fixture.sys,
+            &sysfs_fixtures::health::Fault::EfaAdminQueueClosed {
+                ibdev: efa.rdma_device.clone(),
+            },
+        )
+        .unwrap();
+        let faulty = inventory.scan().unwrap();
+        assert_eq!(inventory.cached.as_ref().unwrap().reused, 1);
+        let faulty = faulty.iter().find(|d| d.device.name == name).unwrap();
+        assert!(
+            !faulty.health.conditions.is_empty(),
+            "health read on a reused discovery"
+        );
+
+        // Unbinding changes the fingerprint: seen at the next scan.
+        fixture.unbind_driver(&bdf).unwrap();
+        let unbound = inventory.scan().unwrap();
+        assert_eq!(
+            inventory.cached.as_ref().unwrap().reused,
+            0,
+            "a full discovery"
+        );
+        let lost = unbound.iter().find(|d| d.device.name == name).unwrap();
+        assert_eq!(lost.health.conditions[0].value, "unbound");
+        fixture.bind_driver(&bdf).unwrap();
+
+        // A change no listing shows: within FULL_SCAN_EVERY scans.
+        inventory.scan().unwrap();
+        let numa = |inv: &EfaInventory| inv.cached.as_ref().unwrap().found.efas[0].numa_node;
+        assert_ne!(numa(&inventory), Some(7));
+        let file = fixture
+            .sys
+            .join("bus/pci/devices")
+            .join(&bdf)
+            .join("numa_node");
+        std::fs::write(&file, "7\n").unwrap();
+        let mut seen_after = None;
+        for scan in 1..=FULL_SCAN_EVERY {
+            inventory.scan().unwrap();
+            if numa(&inventory) == Some(7) {
+                seen_after = Some(scan);
+                break;
+            }
+        }
+        assert!(seen_after.is_some(), "the NUMA change was never seen");
     }
 }
