@@ -8,8 +8,11 @@
 //! - `cargo xtask bench fleet [--nodes 50,200,500]`: simulated nodes'
 //!   publishers against one API server (`e2e::bench::fleet`). Writes
 //!   `<work-dir>/bench-fleet-<version>.json`.
+//! - `cargo xtask bench neuron [--steady-secs 180] [--bursts 16]`: the
+//!   Neuron driver alone on trn2, NeuronCore partitions on and off
+//!   (`e2e::bench::neuron`). Writes `<work-dir>/bench-neuron-<version>.json`.
 //!
-//! Both start a local cluster: run them under `flock /tmp/aws-dra-e2e.lock`
+//! All start a local cluster: run them under `flock /tmp/aws-dra-e2e.lock`
 //! on a shared machine, as the end-to-end suite.
 
 use std::path::{Path, PathBuf};
@@ -30,6 +33,24 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Simulated nodes' slice publishers against one API server.
     Fleet(FleetArgs),
+    /// The Neuron driver on trn2, with NeuronCore partitions and without:
+    /// idle cost and bursts of single-chip pods.
+    Neuron(NeuronArgs),
+}
+
+#[derive(clap::Args)]
+struct NeuronArgs {
+    /// The idle window in which the driver's CPU time and wake-ups are taken.
+    #[arg(long, default_value_t = 180)]
+    steady_secs: u64,
+    /// Burst sizes, comma-separated (16: every chip of the node at once).
+    #[arg(long, value_delimiter = ',', default_values_t = [16usize])]
+    bursts: Vec<usize>,
+    /// Bursts of each size per mode.
+    #[arg(long, default_value_t = 3)]
+    burst_rounds: usize,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(clap::Args)]
@@ -83,13 +104,15 @@ struct FleetArgs {
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.command {
         Some(BenchCommand::Fleet(fleet)) => run_fleet(fleet),
+        Some(BenchCommand::Neuron(neuron)) => run_neuron(neuron),
         None => run_drivers(args.drivers),
     }
 }
 
 /// The cluster's components and helm (as `cargo xtask e2e` builds them),
-/// and `efa-driver` with the image's release profile and flags (only that
-/// package: the benchmark runs nothing else). Returns the release directory.
+/// and the two drivers with the image's release profile and flags (only
+/// those packages: the benchmarks run nothing else). Returns the release
+/// directory.
 fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)> {
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&common.kubernetes)?;
@@ -106,11 +129,19 @@ fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)
     if !common.no_build {
         let status = crate::cargo_command::cargo()
             .current_dir(&root)
-            .args(["build", "--release", "--locked", "-p", "efa-driver"])
+            .args([
+                "build",
+                "--release",
+                "--locked",
+                "-p",
+                "efa-driver",
+                "-p",
+                "neuron-driver",
+            ])
             .status()
             .context("running cargo build")?;
         if !status.success() {
-            bail!("cargo build --release -p efa-driver failed ({status})");
+            bail!("cargo build --release -p efa-driver -p neuron-driver failed ({status})");
         }
     }
     let exe = std::env::current_exe().context("locating the xtask binary")?;
@@ -118,8 +149,10 @@ fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)
         .parent()
         .map(|d| d.with_file_name("release"))
         .context("xtask binary has no directory")?;
-    if !bin_dir.join("efa-driver").is_file() {
-        bail!("no release efa-driver in {}", bin_dir.display());
+    for driver in ["efa-driver", "neuron-driver"] {
+        if !bin_dir.join(driver).is_file() {
+            bail!("no release {driver} in {}", bin_dir.display());
+        }
     }
     let work = root.join(&common.work_dir);
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
@@ -181,4 +214,22 @@ fn run_fleet(args: FleetArgs) -> Result<()> {
         println!("{line}");
     }
     write_json(&work.join(format!("bench-fleet-{version}.json")), &report)
+}
+
+fn run_neuron(args: NeuronArgs) -> Result<()> {
+    let (bin_dir, version, work) = prepare(&args.common)?;
+    let options = e2e::bench::neuron::NeuronBenchOptions {
+        steady: Duration::from_secs(args.steady_secs),
+        bursts: args.bursts,
+        burst_rounds: args.burst_rounds,
+        kubernetes_version: version.clone(),
+        bin_dir,
+    };
+    eprintln!("==> bench neuron: Kubernetes {version}, partitions on and off");
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(e2e::bench::neuron::run(&options))?;
+    for line in report.table() {
+        println!("{line}");
+    }
+    write_json(&work.join(format!("bench-neuron-{version}.json")), &report)
 }

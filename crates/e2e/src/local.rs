@@ -37,9 +37,7 @@ use crate::manifests;
 use crate::manifests::GPU_TEST_MANIFEST;
 use crate::pod_adapt::adapt_pod_for_local;
 use crate::pools::wait_pool_complete;
-use crate::testbed::{
-    DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed, rescan_interval_env_of,
-};
+use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed};
 use crate::toolchain::PAUSE_IMAGE;
 
 /// How long a driver may take from start to a complete pool in the API.
@@ -68,7 +66,8 @@ pub struct LocalTestbed {
     nodes: Mutex<Vec<NodeState>>,
     /// Start → complete pool, per `(node, driver)`, for the figures.
     start_times: Mutex<Vec<(String, DriverKind, Duration)>>,
-    rescan_interval: Duration, // LocalOptions::rescan_interval
+    /// The drivers' environment: the rescan interval and LocalOptions::driver_env.
+    driver_env: Vec<(String, String)>,
 }
 
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -109,7 +108,7 @@ impl LocalTestbed {
             bin_dir,
             nodes: Mutex::new(Vec::new()),
             start_times: Mutex::new(Vec::new()),
-            rescan_interval: (options.rescan_interval).unwrap_or(crate::testbed::RESCAN_INTERVAL),
+            driver_env: options.driver_environment(),
         };
         testbed.install_cluster_objects(&helm).await?;
         for (name, instance_type, drivers) in &options.nodes {
@@ -438,10 +437,9 @@ impl Testbed for LocalTestbed {
                 n.info.fixture.dev.clone(),
                 s.kubeconfig.clone(),
                 s.metrics_port,
-                kind.expected_devices(&n.info.fixture),
+                kind.expected_devices_in(&n.info.fixture, &self.driver_env),
             )
         })?;
-        let rescan = rescan_interval_env_of(self.rescan_interval);
         let mut cmd = Command::new(self.bin_dir.join(kind.binary()));
         cmd.arg("run")
             .arg("--sysfs-root")
@@ -454,7 +452,7 @@ impl Testbed for LocalTestbed {
             .env("LOG_LEVEL", "info,dra_core=debug")
             // Plain text in the log files.
             .env("NO_COLOR", "1")
-            .env(rescan.0, rescan.1)
+            .envs(self.driver_env.iter().cloned())
             .env_remove("POD_UID");
         let started = Instant::now();
         let process = {

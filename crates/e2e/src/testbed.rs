@@ -79,6 +79,17 @@ impl DriverKind {
     /// ([`cores_published`]), and there too the whole-node device of a Trn2
     /// UltraServer member (it needs counters as well).
     pub fn expected_devices(self, fixture: &Fixture) -> usize {
+        self.expected_devices_in(fixture, &[])
+    }
+
+    /// [`Self::expected_devices`] of a driver started with `env`, where
+    /// `NEURON_PARTITIONS=chips|cores` overrides `--partitions auto`.
+    pub fn expected_devices_in(self, fixture: &Fixture, env: &[(String, String)]) -> usize {
+        let cores = match env.iter().find(|(k, _)| k == "NEURON_PARTITIONS") {
+            Some((_, v)) if v == "chips" => false,
+            Some((_, v)) if v == "cores" => true,
+            _ => cores_published(),
+        };
         let ultraserver_member = fixture.spec.neuron.as_ref().is_some_and(|n| {
             matches!(
                 n.ultraserver,
@@ -87,7 +98,7 @@ impl DriverKind {
         });
         match self {
             DriverKind::Efa => fixture.efas.len(),
-            DriverKind::Neuron if cores_published() => {
+            DriverKind::Neuron if cores => {
                 fixture
                     .neuron_chips
                     .iter()
@@ -183,6 +194,19 @@ pub struct LocalOptions {
     /// default, as production does, so its figures at rest are the ones a
     /// node pays.
     pub rescan_interval: Option<Duration>,
+    /// Environment the drivers start with besides the testbed's own (the
+    /// Neuron benchmark's `NEURON_PARTITIONS`).
+    pub driver_env: Vec<(String, String)>,
+}
+
+impl LocalOptions {
+    /// The drivers' environment: the rescan interval, then [`Self::driver_env`].
+    pub fn driver_environment(&self) -> Vec<(String, String)> {
+        let interval = self.rescan_interval.unwrap_or(RESCAN_INTERVAL);
+        std::iter::once(rescan_interval_env_of(interval))
+            .chain(self.driver_env.iter().cloned())
+            .collect()
+    }
 }
 
 impl Default for LocalOptions {
@@ -207,6 +231,7 @@ impl Default for LocalOptions {
             audit_log: false,
             kubelet_sync_frequency: None,
             rescan_interval: None,
+            driver_env: Vec::new(),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! `infiniband` and `infiniband_verbs` subsystems (add, remove, bind,
 //! unbind, change) and on the periodic rescan; see `dra_core::rescan`. A
 //! discovery reads a few files per PCI function; a scan makes one only when
-//! the [`Fingerprint`] (five directory listings and the `efa` module's
+//! the fingerprint (five directory listings and the `efa` module's
 //! version) changed, or every [`FULL_SCAN_EVERY`] scans, and reuses the
 //! last one otherwise (see `benches/rescan.rs` for the measured cost).
 //! Health is read on every scan. An EFA that is present but unusable is logged once when

@@ -182,6 +182,8 @@ pub struct Target<'a> {
     pub class: &'a str,
     /// A short name for the objects' names.
     pub short: &'a str,
+    /// A CEL selector of the claims' request, if any.
+    pub selector: Option<&'a str>,
 }
 
 /// Runs burst `index` of `pods` pods on `target`.
@@ -197,18 +199,26 @@ pub async fn run_burst(
         driver,
         class,
         short,
+        selector,
     } = *target;
     let label = format!("{short}-{pods}-{index}");
     let names: Vec<String> = (0..pods).map(|i| format!("burst-{label}-{i:02}")).collect();
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let mut exactly = json!({"deviceClassName": class});
+    if let Some(cel) = selector {
+        exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
+    }
     for name in &names {
         let claim: ResourceClaim = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": class}}]}},
+            "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
         }))
-        .map_err(|source| Error::Json { what: "claim".into(), source })?;
+        .map_err(|source| Error::Json {
+            what: "claim".into(),
+            source,
+        })?;
         claims
             .create(&PostParams::default(), &claim)
             .await

@@ -24,6 +24,7 @@ pub mod burst;
 pub mod fleet;
 mod fleet_report;
 pub mod measure;
+pub mod neuron;
 pub mod pool_timer;
 pub mod refdriver;
 mod report;
@@ -318,6 +319,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
                     driver: s.driver,
                     class: s.class,
                     short: s.short,
+                    selector: None,
                 };
                 let b = burst::run_burst(&client, &target, pods, i).await?;
                 let st = b.prepare_stats();

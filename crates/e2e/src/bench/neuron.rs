@@ -1,0 +1,204 @@
+//! `cargo xtask bench neuron`: the Neuron driver on a trn2.48xlarge node
+//! (16 chips), on its own, once with NeuronCore partitions published
+//! (`NEURON_PARTITIONS=cores`: a device per chip and one per core) and once
+//! without (`chips`). Each run is a fresh local cluster:
+//! - CPU time and wake-ups of the driver over an idle window, at the
+//!   driver's default rescan interval (what a node pays at rest);
+//! - bursts of single-chip pods (N = 16 by default: every chip at once),
+//!   timed as the EFA bursts are ([`super::burst`]). There is no Go
+//!   reference for Neuron here: the figures are ours alone.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use kube::api::PostParams;
+use serde::Serialize;
+use serde_json::json;
+
+use super::burst::{self, Burst};
+use super::measure::{CostSample, IdleCost, Stats};
+use super::rounds;
+use crate::error::{Error, Result};
+use crate::local::LocalTestbed;
+use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
+use crate::versions::KubernetesVersion;
+
+const NODE: &str = "trn2";
+const INSTANCE_TYPE: &str = "trn2.48xlarge";
+/// Only chips (not cores) in the bursts' claims.
+const CHIPS: &str = r#"device.attributes["neuron.aws.com"].resourceType == "neuron_device""#;
+
+#[derive(Debug, Clone)]
+pub struct NeuronBenchOptions {
+    pub steady: Duration,
+    pub bursts: Vec<usize>,
+    pub burst_rounds: usize,
+    pub kubernetes_version: KubernetesVersion,
+    /// Where `neuron-driver` (release build) is.
+    pub bin_dir: PathBuf,
+}
+
+/// One mode's figures.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct NeuronRun {
+    /// `NEURON_PARTITIONS`: `cores` or `chips`.
+    pub partitions: String,
+    /// Devices in the pool once complete.
+    pub devices: usize,
+    pub idle_cost: Option<IdleCost>,
+    pub bursts: Vec<Burst>,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct NeuronBenchReport {
+    pub kubernetes_version: String,
+    pub steady_secs: u64,
+    pub runs: Vec<NeuronRun>,
+}
+
+impl NeuronBenchReport {
+    pub fn table(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "Kubernetes {}, node {NODE} ({INSTANCE_TYPE}), neuron-driver (release), idle window {} s",
+            self.kubernetes_version, self.steady_secs
+        )];
+        for run in &self.runs {
+            let idle = run.idle_cost.map_or("-".to_string(), |c| {
+                format!(
+                    "CPU {:.1} ms/min, wake-ups {:.0}/min",
+                    c.cpu_ms_per_min, c.wakeups_per_min
+                )
+            });
+            out.push(format!(
+                "partitions {:<5} ({} devices): at rest {idle}",
+                run.partitions, run.devices
+            ));
+            let mut sizes: Vec<usize> = run.bursts.iter().map(|b| b.pods).collect();
+            sizes.dedup();
+            for pods in sizes {
+                let of = |f: fn(&Burst) -> Vec<f64>| {
+                    Stats::of(
+                        &run.bursts
+                            .iter()
+                            .filter(|b| b.pods == pods)
+                            .flat_map(f)
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                let calls = of(|b| b.prepare_call_ms.clone());
+                let span = of(|b| vec![b.prepare_span_ms]);
+                let running = of(|b| vec![b.created_to_last_running_ms]);
+                out.push(format!(
+                    "  burst N={pods}: prepare call p50 {:.1} ms, max {:.1} ms; first call -> last answer p50 {:.1} ms; created -> last Running p50 {:.0} ms",
+                    calls.p50, calls.max, span.p50, running.p50
+                ));
+            }
+        }
+        out
+    }
+}
+
+pub async fn run(options: &NeuronBenchOptions) -> Result<NeuronBenchReport> {
+    let mut runs = Vec::new();
+    for partitions in ["cores", "chips"] {
+        let testbed = LocalTestbed::start(LocalOptions {
+            nodes: vec![(NODE.into(), INSTANCE_TYPE.into(), vec![DriverKind::Neuron])],
+            bin_dir: Some(options.bin_dir.clone()),
+            kubernetes_version: options.kubernetes_version.clone(),
+            rescan_interval: Some(dra_core::rescan::DEFAULT_RESCAN_INTERVAL),
+            driver_env: vec![("NEURON_PARTITIONS".into(), partitions.into())],
+            ..LocalOptions::default()
+        })
+        .await?;
+        let result = run_mode(&testbed, options, partitions).await;
+        let teardown = testbed.shutdown();
+        if !teardown.is_clean() {
+            eprintln!("bench neuron: teardown left {teardown:?}");
+        }
+        runs.push(result?);
+    }
+    Ok(NeuronBenchReport {
+        kubernetes_version: options.kubernetes_version.to_string(),
+        steady_secs: options.steady.as_secs(),
+        runs,
+    })
+}
+
+async fn run_mode(
+    testbed: &LocalTestbed,
+    options: &NeuronBenchOptions,
+    partitions: &str,
+) -> Result<NeuronRun> {
+    let client = testbed.client();
+    let kind = DriverKind::Neuron;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": rounds::NAMESPACE}})).map_err(
+        |source| Error::Json {
+            what: "namespace".into(),
+            source,
+        },
+    )?;
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .map_err(|source| Error::Kube {
+            action: "creating the bench namespace".into(),
+            source,
+        })?;
+    // The testbed is up once the pool is complete; what it holds in this mode.
+    let devices = crate::scenarios::kit::slices(testbed, NODE, kind)
+        .await
+        .map_err(|e| Error::Testbed(format!("reading the Neuron slices: {e:#}")))?
+        .iter()
+        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
+        .sum();
+    let pid = testbed
+        .driver_pid(NODE, kind)
+        .ok_or_else(|| Error::Testbed("neuron-driver has no pid".into()))?;
+    eprintln!(
+        "bench neuron: partitions {partitions}: {devices} devices; idle for {} s",
+        options.steady.as_secs()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let from = CostSample::take(pid);
+    tokio::time::sleep(options.steady).await;
+    let idle_cost = from.and_then(|f| Some(f.until(&CostSample::take(pid)?)));
+    let node_dir = testbed
+        .local_node(NODE)
+        .await
+        .ok_or_else(|| Error::Testbed(format!("no local node {NODE}")))?
+        .run_dir;
+    let kubelet_log = node_dir.join("kubelet.log");
+    let target = burst::Target {
+        node: NODE,
+        kubelet_log: &kubelet_log,
+        driver: kind.driver_name(),
+        class: kind.driver_name(),
+        short: "neuron",
+        selector: Some(CHIPS),
+    };
+    let mut bursts = Vec::new();
+    for &pods in &options.bursts {
+        for i in 0..options.burst_rounds {
+            let b = burst::run_burst(&client, &target, pods, i).await?;
+            let st = b.prepare_stats();
+            eprintln!(
+                "bench neuron: partitions {partitions} burst {pods} #{} prepare p50 {:.2} ms max {:.2} ms span {:.1} ms; created -> last Running {:.0} ms",
+                i + 1,
+                st.p50,
+                st.max,
+                b.prepare_span_ms,
+                b.created_to_last_running_ms
+            );
+            bursts.push(b);
+        }
+    }
+    Ok(NeuronRun {
+        partitions: partitions.into(),
+        devices,
+        idle_cost,
+        bursts,
+    })
+}
