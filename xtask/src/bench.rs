@@ -129,15 +129,7 @@ fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)
     if !common.no_build {
         let status = crate::cargo_command::cargo()
             .current_dir(&root)
-            .args([
-                "build",
-                "--release",
-                "--locked",
-                "-p",
-                "efa-driver",
-                "-p",
-                "neuron-driver",
-            ])
+            .args(crate::image_build::BUILD_ARGS)
             .status()
             .context("running cargo build")?;
         if !status.success() {

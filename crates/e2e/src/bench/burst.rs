@@ -29,9 +29,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::measure::Stats;
-use super::rounds::{NAMESPACE, grpc_totals, kubelet_metrics};
+use super::rounds::{self, NAMESPACE, grpc_totals, kube_err, kubelet_metrics};
 use crate::error::{Error, Result};
-use crate::toolchain::PAUSE_IMAGE;
 
 const BURST_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -155,10 +154,6 @@ impl Burst {
     }
 }
 
-fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
-    move |source| Error::Kube { action, source }
-}
-
 fn span_ms(calls: &[Call]) -> f64 {
     let first = calls.iter().map(|c| c.start).fold(f64::INFINITY, f64::min);
     let last = calls
@@ -205,22 +200,12 @@ pub async fn run_burst(
     let names: Vec<String> = (0..pods).map(|i| format!("burst-{label}-{i:02}")).collect();
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let pod_api: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let mut exactly = json!({"deviceClassName": class});
-    if let Some(cel) = selector {
-        exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
-    }
     for name in &names {
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
-        }))
-        .map_err(|source| Error::Json {
-            what: "claim".into(),
-            source,
-        })?;
         claims
-            .create(&PostParams::default(), &claim)
+            .create(
+                &PostParams::default(),
+                &rounds::claim(name, class, selector)?,
+            )
             .await
             .map_err(kube_err(format!("creating claim {name}")))?;
     }
@@ -242,26 +227,14 @@ pub async fn run_burst(
         }
     }
     let created_at = Instant::now();
-    let creates = names.iter().map(|name| {
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"burst": label}},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "hostNetwork": true,
-                "tolerations": [{"operator": "Exists"}],
-                "terminationGracePeriodSeconds": 1,
-                "resourceClaims": [{"name": "dev", "resourceClaimName": name}],
-                "containers": [{
-                    "name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
-                    "resources": {"claims": [{"name": "dev"}]},
-                }],
-            },
-        }))
-        .expect("a pod literal");
+    let pods_to_create = names
+        .iter()
+        .map(|name| rounds::pod(name, node, json!({"burst": label})))
+        .collect::<Result<Vec<Pod>>>()?;
+    let creates = names.iter().zip(&pods_to_create).map(|(name, pod)| {
         let api = pod_api.clone();
         async move {
-            api.create(&PostParams::default(), &pod)
+            api.create(&PostParams::default(), pod)
                 .await
                 .map_err(kube_err(format!("creating pod {name}")))
         }

@@ -33,11 +33,9 @@ pub mod rounds;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
-use serde_json::json;
+use kube::api::{DeleteParams, ListParams};
 
 use crate::error::{Error, Result};
 use crate::local::LocalTestbed;
@@ -113,20 +111,7 @@ pub async fn run(options: &BenchOptions) -> Result<BenchReport> {
 async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchReport> {
     let client = testbed.client();
     let run_dir = testbed.run_dir().to_path_buf();
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = serde_json::from_value(json!({"metadata": {"name": rounds::NAMESPACE}})).map_err(
-        |source| Error::Json {
-            what: "namespace".into(),
-            source,
-        },
-    )?;
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .map_err(|source| Error::Kube {
-            action: "creating the bench namespace".into(),
-            source,
-        })?;
+    rounds::create_namespace(&client).await?;
     refdriver::install(&client).await?;
     let node = testbed
         .nodes()

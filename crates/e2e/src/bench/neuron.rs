@@ -11,11 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
-use kube::Api;
-use kube::api::PostParams;
 use serde::Serialize;
-use serde_json::json;
 
 use super::burst::{self, Burst};
 use super::measure::{CostSample, IdleCost, Stats};
@@ -133,20 +129,7 @@ async fn run_mode(
 ) -> Result<NeuronRun> {
     let client = testbed.client();
     let kind = DriverKind::Neuron;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ns = serde_json::from_value(json!({"metadata": {"name": rounds::NAMESPACE}})).map_err(
-        |source| Error::Json {
-            what: "namespace".into(),
-            source,
-        },
-    )?;
-    namespaces
-        .create(&PostParams::default(), &ns)
-        .await
-        .map_err(|source| Error::Kube {
-            action: "creating the bench namespace".into(),
-            source,
-        })?;
+    rounds::create_namespace(&client).await?;
     // The testbed is up once the pool is complete; what it holds in this mode.
     let devices = crate::scenarios::kit::slices(testbed, NODE, kind)
         .await

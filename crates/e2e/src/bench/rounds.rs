@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -62,7 +62,7 @@ pub fn grpc_totals(metrics: &str, driver: &str, method: &str) -> (f64, u64) {
     })
 }
 
-fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
+pub(super) fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube { action, source }
 }
 
@@ -71,6 +71,56 @@ fn from_json<T: serde::de::DeserializeOwned>(what: &str, v: serde_json::Value) -
         what: what.into(),
         source,
     })
+}
+
+/// Creates the namespace the rounds and bursts run in.
+pub(super) async fn create_namespace(client: &kube::Client) -> Result<()> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = from_json("namespace", json!({"metadata": {"name": NAMESPACE}}))?;
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .map_err(kube_err("creating the bench namespace".into()))?;
+    Ok(())
+}
+
+/// Claim `name`: one device of `class`, with a CEL `selector` if any.
+pub(super) fn claim(name: &str, class: &str, selector: Option<&str>) -> Result<ResourceClaim> {
+    let mut exactly = json!({"deviceClassName": class});
+    if let Some(cel) = selector {
+        exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
+    }
+    from_json(
+        "claim",
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
+        }),
+    )
+}
+
+/// Pod `name` on `node` (pause container, host network) using claim
+/// `name`, with `labels`.
+pub(super) fn pod(name: &str, node: &str, labels: serde_json::Value) -> Result<Pod> {
+    from_json(
+        "pod",
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "hostNetwork": true,
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [{"name": "dev", "resourceClaimName": name}],
+                "containers": [{
+                    "name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
+                    "resources": {"claims": [{"name": "dev"}]},
+                }],
+            },
+        }),
+    )
 }
 
 /// Runs one round of `driver` (device class `class`) on `node`.
@@ -86,36 +136,11 @@ pub async fn run_round(
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
     let before = kubelet_metrics(client, node).await?;
-    let claim: ResourceClaim = from_json(
-        "claim",
-        json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "dev", "exactly": {"deviceClassName": class}}]}},
-        }),
-    )?;
     claims
-        .create(&PostParams::default(), &claim)
+        .create(&PostParams::default(), &claim(&name, class, None)?)
         .await
         .map_err(kube_err(format!("creating claim {name}")))?;
-    let pod: Pod = from_json(
-        "pod",
-        json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "hostNetwork": true,
-                "tolerations": [{"operator": "Exists"}],
-                "terminationGracePeriodSeconds": 1,
-                "resourceClaims": [{"name": "dev", "resourceClaimName": name}],
-                "containers": [{
-                    "name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
-                    "resources": {"claims": [{"name": "dev"}]},
-                }],
-            },
-        }),
-    )?;
+    let pod = pod(&name, node, json!({}))?;
     // Watch before creating, so no transition is missed.
     let events = watcher::watch_object(pods.clone(), &name);
     let mut events = std::pin::pin!(events);
