@@ -6,7 +6,7 @@
 //! decoder, as the server's) to lists whose `:authority` is `localhost`.
 #![no_main]
 
-use dra_core::authority::{InboundStream, MAX_IN_FRAME, PREFACE, Rewrite, parse_frame};
+use dra_core::fuzzing::{InboundStream, MAX_IN_FRAME, PREFACE, Rewrite, parse_frame};
 use libfuzzer_sys::fuzz_target;
 
 const TYPE_HEADERS: u8 = 0x1;

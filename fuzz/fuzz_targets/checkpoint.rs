@@ -6,8 +6,8 @@
 use std::path::{Component, Path};
 use std::sync::OnceLock;
 
-use dra_core::checkpoint::{Checkpoint, CheckpointStore};
-use dra_core::metrics::PluginMetrics;
+use dra_core::fuzzing::{Checkpoint, CheckpointStore};
+use dra_core::fuzzing::PluginMetrics;
 use libfuzzer_sys::fuzz_target;
 
 struct Fixture {

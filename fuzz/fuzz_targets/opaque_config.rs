@@ -3,7 +3,7 @@
 //! either decodes or is refused with an error that names what was wrong.
 #![no_main]
 
-use dra_core::config::decode_config;
+use dra_core::decode_config;
 use efa_driver::EfaConfig;
 use libfuzzer_sys::fuzz_target;
 use neuron_driver::NeuronConfig;

@@ -3,7 +3,7 @@
 //! panic, and a parsed event has the shape the watcher relies on.
 #![no_main]
 
-use dra_core::uevent::Uevent;
+use dra_core::fuzzing::Uevent;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -106,6 +106,15 @@ fn checks() -> Vec<Step> {
                 "warnings",
             ],
         ),
+        // dra-core as a driver binary builds it, without the `testing`
+        // feature the workspace build turns on through the e2e crate: no
+        // unreachable `pub`, no code only the test helpers use.
+        step(
+            "clippy-sdk",
+            &[
+                "clippy", "-p", "dra-core", "--lib", "--locked", "--", "-D", "warnings",
+            ],
+        ),
         Step {
             env: &[("RUSTDOCFLAGS", "-D warnings")],
             ..step("doc", &["doc", "--workspace", "--no-deps", "--locked"])
@@ -115,7 +124,8 @@ fn checks() -> Vec<Step> {
             &["test", "--workspace", "--exclude", "e2e", "--locked"],
         ), // The e2e crate's own unit tests and the structure checks (import
         // cycles and file length in crates/e2e and xtask, import circles
-        // between top-level modules in every crate): no cluster needed.
+        // between top-level modules in every crate, dra-core's public
+        // surface): no cluster needed.
         step(
             "e2e-unit",
             &[
@@ -126,6 +136,13 @@ fn checks() -> Vec<Step> {
                 "--lib",
                 "--test",
                 "structure",
+                // dra-core's public items, counted from the source (issue 32).
+                "--test",
+                "public_surface",
+                // The stand-in GPU driver's tests, dra-core's conformance
+                // suite among them.
+                "--bin",
+                "gpu-test-driver",
             ],
         ),
         // checkov (pinned, from PyPI; installed into the cache on first
@@ -511,6 +528,7 @@ mod tests {
                 "supply-chain",
                 "docs-links",
                 "clippy",
+                "clippy-sdk",
                 "doc",
                 "test",
                 "e2e-unit",

@@ -10,7 +10,7 @@
 //! probe the example pods run, and one with `gpu-test-driver`), then runs
 //! the shared scenarios there (`cargo test -p e2e --test scenarios_kind`):
 //! the scenarios' testbed installs both charts with
-//! [`crate::chart_specs::kind_helm_values`] (one release per chart) and
+//! [`crate::charts::specs::kind_helm_values`] (one release per chart) and
 //! drives the DaemonSets as on the local cluster (`tests/scenarios_chart.rs`).
 //!
 //! Docker comes from [`crate::docker`] (installed and started when missing),

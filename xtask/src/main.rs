@@ -5,16 +5,7 @@ mod base_images;
 mod bench;
 mod cargo_command;
 mod chaos;
-mod chart_access;
-mod chart_checks;
-mod chart_daemonset;
-mod chart_expect;
-mod chart_objects;
-mod chart_render;
-mod chart_rendering;
-mod chart_scan;
-mod chart_specs;
-mod charts_command;
+mod charts;
 mod ci;
 mod demo;
 mod docker;
@@ -54,7 +45,7 @@ enum Task {
     /// Everything a change must pass: fmt, clippy, tests (and the end-to-end suite).
     Ci(ci::CiArgs),
     /// Helm charts: `check` (lint + render + assertions with real helm), `scan` (checkov), `render`.
-    Charts(charts_command::ChartsArgs),
+    Charts(charts::command::ChartsArgs),
     /// End-to-end suite: `--cluster kind` (Docker) or `--cluster local`.
     E2e(e2e::E2eArgs),
     /// Start the drivers on a local cluster, apply the examples, print the allocations.
@@ -83,7 +74,7 @@ enum Task {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Ci(args) => ci::run(args),
-        Task::Charts(args) => charts_command::run(args),
+        Task::Charts(args) => charts::command::run(args),
         Task::E2e(args) => e2e::run(args),
         Task::Demo(args) => demo::run(args),
         Task::Fixtures(args) => fixtures::run(args),

@@ -29,13 +29,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dra_core::cdi::CdiWriter;
-use dra_core::checkpoint::{Checkpoint, CheckpointStore, PreparedClaim};
-use dra_core::proto::dra_v1;
-use dra_core::self_check::unix_channel;
+use dra_core::testing::CdiWriter;
+use dra_core::testing::dra_v1;
+use dra_core::testing::unix_channel;
+use dra_core::testing::{Checkpoint, CheckpointStore, PreparedClaim};
+use dra_core::testing::{InMemoryClaimSource, KubeletPlugin, PluginMetrics, PluginOptions};
 use dra_core::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverConfig,
-    DriverError, InMemoryClaimSource, KubeletPlugin, PluginMetrics, PluginOptions,
+    DriverError,
 };
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -333,7 +334,7 @@ async fn main() {
         PluginMetrics::register(&prometheus::Registry::new()).expect("metrics"),
     );
     let mut checkpoint = Checkpoint {
-        version: dra_core::checkpoint::CHECKPOINT_VERSION,
+        version: dra_core::testing::CHECKPOINT_VERSION,
         boot_id: "bench".into(),
         claims: BTreeMap::new(),
     };

@@ -1,67 +1,63 @@
-//! Everything a DRA node driver needs that is not device-specific.
+//! Everything a DRA node driver needs that is not device-specific: a small SDK.
 //!
-//! The kubelet-facing half: the [`Driver`] trait a device driver implements,
-//! strict opaque config decoding ([`DriverConfig`]), the registration and DRA
-//! plugin gRPC servers ([`KubeletPlugin`]), claim preparation with CDI specs
-//! and a checkpoint (each written to a temp file, synced and renamed; the temp
-//! files a killed driver leaves behind are swept once they are a minute old),
-//! device health, metrics, and a socket self-check.
+//! A driver implements two traits and calls one function:
 //!
-//! The API-server-facing half: device validation against the API limits and
-//! the ResourceSlice publisher ([`publish`]), Node lookups ([`node`]), the
-//! `/metrics` + `/healthz` server ([`ops`]) and the CLI both binaries share
-//! ([`cli`]).
+//! - [`DeviceInventory`]: scan the hardware into [`ScannedDevice`]s with their
+//!   [`DeviceHealth`], using the standard [`attributes`];
+//! - [`Driver`]: turn a claim's [`AllocatedDevice`]s into [`PreparedDevice`]s
+//!   (CDI container edits), with its opaque configuration decoded strictly
+//!   ([`DriverConfig`], [`decode_config`]);
+//! - [`run`]`::<MyInventory>(&`[`Program`]`{ .. })` is the whole `main`:
+//!   command line, logging, the async runtime, the kubelet plugin, the
+//!   ResourceSlice publisher, the rescan loop and the ops server.
 //!
-//! The device lifecycle: a driver implements [`DeviceInventory`] (scan the
-//! hardware into devices with their health) next to [`Driver`];
-//! [`runner::main`] does the rest (command line, logging, async runtime, the
-//! one [`rescan`] loop, and [`runtime::run`], which starts the plugin, the
-//! publisher and the ops server).
+//! That is the whole public surface. The crate is laid out along the data
+//! flow, each top-level module private and documented with what it owns and
+//! what it may not import:
+//!
+//! 1. `scan`: the inventory trait, device and health types, attributes,
+//!    health as taints, hot-plug uevents;
+//! 2. `publish`: devices → ResourceSlices in the API server, the driver's
+//!    Node and its labels;
+//! 3. `prepare`: a claim → CDI specs and the checkpoint (the pipeline, group
+//!    commit, the node lock);
+//! 4. `kubelet`: the registration and DRA plugin gRPC servers on kubelet's
+//!    sockets, the health stream, the self-check;
+//! 5. `daemon`: the process, which starts the others in order and runs the
+//!    one rescan loop.
+//!
+//! Test helpers (a driver conformance suite, fixture helpers, the checkpoint
+//! reader the end-to-end tests use) are behind the `testing` feature; fuzz
+//! entry points are behind `fuzzing`.
 
-pub mod api_probe;
-mod atomic;
-pub mod attributes;
-pub mod authority;
-pub mod cdi;
-pub mod checkpoint;
-pub mod claims;
-pub mod cli;
-mod client;
-pub mod config;
-pub mod connection;
-mod crash;
-pub mod driver;
-pub mod health;
-pub mod inventory;
-mod lock;
-pub mod metrics;
-pub mod node;
-pub mod node_labels;
-pub mod ops;
-pub mod plugin;
-pub mod proto;
-pub mod publish;
-mod ready;
-pub mod rescan;
-mod resolve;
-pub mod runner;
-pub mod runtime;
-pub mod self_check;
-mod state;
-pub mod taints;
-pub mod uevent;
+#![deny(unreachable_pub)]
 
-pub use claims::{ClaimSource, InMemoryClaimSource, KubeClaimSource};
-pub use config::{ConfigError, DriverConfig, InvalidValue};
-pub use driver::{
+mod daemon;
+mod kubelet;
+mod prepare;
+mod publish;
+mod scan;
+
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use daemon::cli::NoExtraArgs;
+pub use daemon::ops::PROBE_TIMEOUT;
+pub use daemon::rescan::DEFAULT_RESCAN_INTERVAL;
+pub use daemon::runner::{Program, main as run};
+pub use kubelet::health::HealthState;
+pub use prepare::config::{
+    ConfigEntryError, ConfigError, ConfigSource, DriverConfig, InvalidValue, ResolvedConfig,
+    config_for_request, decode_allocation_configs, decode_config,
+};
+pub use prepare::driver::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
     PreparedDevice,
 };
-pub use health::{DeviceHealthStatus, HealthState};
-pub use inventory::{
+pub use publish::node::device_plugin_resources_present;
+pub use scan::attributes;
+pub use scan::inventory::{
     ApiSupport, DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
 };
-pub use metrics::PluginMetrics;
-pub use plugin::{KubeletPlugin, PluginError, PluginOptions, PluginSockets, RunningPlugin};
-pub use runtime::{RuntimeError, RuntimeOptions};
-pub use self_check::{SelfCheckError, self_check};

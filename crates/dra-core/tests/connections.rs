@@ -7,11 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dra_core::authority::{Frame, PREFACE};
-use dra_core::connection::ConnectionLimits;
+use dra_core::testing::ConnectionLimits;
+use dra_core::testing::{Frame, PREFACE};
+use dra_core::testing::{
+    InMemoryClaimSource, KubeletPlugin, PluginMetrics, PluginOptions, RunningPlugin,
+};
 use dra_core::{
-    AllocatedDevice, ClaimRef, DeviceEdits, Driver, DriverConfig, DriverError, InMemoryClaimSource,
-    InvalidValue, KubeletPlugin, PluginMetrics, PluginOptions, PreparedDevice, RunningPlugin,
+    AllocatedDevice, ClaimRef, DeviceEdits, Driver, DriverConfig, DriverError, InvalidValue,
+    PreparedDevice,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -281,7 +284,7 @@ async fn shutdown_completes_within_5s_with_connections_open() {
             }
         }
         // A real gRPC client, connected and idle.
-        channels.push(dra_core::self_check::unix_channel(&socket).await.unwrap());
+        channels.push(dra_core::testing::unix_channel(&socket).await.unwrap());
     }
 
     let started = Instant::now();

@@ -5,13 +5,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dra_core::authority::{Frame, PREFACE, read_frame};
-use dra_core::proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg};
-use dra_core::self_check::unix_channel;
+use dra_core::testing::unix_channel;
+use dra_core::testing::{
+    DeviceHealthStatus, InMemoryClaimSource, KubeletPlugin, PluginMetrics, PluginOptions,
+    RunningPlugin,
+};
+use dra_core::testing::{Frame, PREFACE, read_frame};
+use dra_core::testing::{
+    dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg,
+};
 use dra_core::{
-    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceHealthStatus, DeviceNode, Driver,
-    DriverConfig, DriverError, HealthState, InMemoryClaimSource, InvalidValue, KubeletPlugin,
-    PluginMetrics, PluginOptions, PreparedDevice, RunningPlugin,
+    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverConfig,
+    DriverError, HealthState, InvalidValue, PreparedDevice,
 };
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
@@ -271,9 +276,10 @@ async fn stop(h: Harness) -> (tempfile::TempDir, TestDriver) {
 #[tokio::test]
 async fn register_prepare_unprepare_v1() {
     let h = start().await;
-    let info = dra_core::self_check(&h.running.sockets.registration, &h.running.sockets.plugin)
-        .await
-        .unwrap();
+    let info =
+        dra_core::testing::self_check(&h.running.sockets.registration, &h.running.sockets.plugin)
+            .await
+            .unwrap();
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, DRIVER);
     assert_eq!(
@@ -387,6 +393,17 @@ async fn register_prepare_unprepare_v1beta1_and_registration_failure() {
     let mut reg_client = reg::registration_client::RegistrationClient::new(
         unix_channel(&h.running.sockets.registration).await.unwrap(),
     );
+    // The lifecycle signal the readiness gate waits on follows kubelet's
+    // word: unset until registered, set by it, unset by a rejection.
+    assert!(!*h.running.registered.borrow());
+    reg_client
+        .notify_registration_status(reg::RegistrationStatus {
+            plugin_registered: true,
+            error: String::new(),
+        })
+        .await
+        .unwrap();
+    assert!(*h.running.registered.borrow());
     reg_client
         .notify_registration_status(reg::RegistrationStatus {
             plugin_registered: false,
@@ -394,6 +411,7 @@ async fn register_prepare_unprepare_v1beta1_and_registration_failure() {
         })
         .await
         .unwrap();
+    assert!(!*h.running.registered.borrow());
     let text = metrics_text(&h);
     assert!(
         text.contains("aws_dra_plugin_registration_failures_total 1"),
@@ -724,7 +742,7 @@ async fn pod_uid_socket_names_and_stale_socket_replaced() {
     .start(token.clone())
     .await
     .unwrap();
-    dra_core::self_check(&running.sockets.registration, &running.sockets.plugin)
+    dra_core::testing::self_check(&running.sockets.registration, &running.sockets.plugin)
         .await
         .unwrap();
     token.cancel();
@@ -735,9 +753,10 @@ async fn pod_uid_socket_names_and_stale_socket_replaced() {
 #[tokio::test]
 async fn health_service_is_advertised_and_streams() {
     let h = start_at(tempfile::tempdir().unwrap(), TestDriver::default(), true).await;
-    let info = dra_core::self_check(&h.running.sockets.registration, &h.running.sockets.plugin)
-        .await
-        .unwrap();
+    let info =
+        dra_core::testing::self_check(&h.running.sockets.registration, &h.running.sockets.plugin)
+            .await
+            .unwrap();
     assert_eq!(
         info.supported_versions,
         [

@@ -567,7 +567,7 @@ impl Testbed for LocalTestbed {
         &self,
         node: &str,
         kind: DriverKind,
-    ) -> Result<Option<dra_core::checkpoint::Checkpoint>> {
+    ) -> Result<Option<dra_core::testing::Checkpoint>> {
         let path = self.with_slot(node, kind, |n, _| {
             n.plugins_dir
                 .join(kind.driver_name())

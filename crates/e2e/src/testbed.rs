@@ -371,7 +371,7 @@ pub trait Testbed: Send + Sync {
         &self,
         node: &str,
         kind: DriverKind,
-    ) -> Result<Option<dra_core::checkpoint::Checkpoint>>;
+    ) -> Result<Option<dra_core::testing::Checkpoint>>;
     /// Makes an example's Pod runnable here (image, host network, tolerations).
     fn adapt_pod(&self, pod: &mut serde_json::Value);
     /// Where component logs are, for failure messages.

@@ -23,7 +23,7 @@ impl DriverConfig for EfaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dra_core::config::decode_config;
+    use dra_core::decode_config;
     use serde_json::json;
 
     #[test]

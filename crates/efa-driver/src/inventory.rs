@@ -2,7 +2,7 @@
 //!
 //! `dra-core` runs the scan at start, on kernel uevents of the `pci`,
 //! `infiniband` and `infiniband_verbs` subsystems (add, remove, bind,
-//! unbind, change) and on the periodic rescan; see `dra_core::rescan`. A
+//! unbind, change) and on the periodic rescan; see the rescan loop of `dra-core`. A
 //! discovery reads a few files per PCI function; a scan makes one only when
 //! the fingerprint (five directory listings and the `efa` module's
 //! version) changed, or every [`FULL_SCAN_EVERY`] scans, and reuses the
@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use dra_core::cli::NoExtraArgs;
+use dra_core::NoExtraArgs;
 use std::time::Instant;
 
 use dra_core::{

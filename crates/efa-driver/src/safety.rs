@@ -5,7 +5,7 @@
 //! one adapter could be given to two pods. The check itself (the Node's
 //! `status.allocatable` has the resource with a quantity above zero, and
 //! `--allow-device-plugin-coexistence` was not given) runs in
-//! `dra_core::runtime` with [`DEVICE_PLUGIN_RESOURCES`].
+//! `dra-core` at start-up with [`DEVICE_PLUGIN_RESOURCES`].
 
 /// Extended resources of the classic EFA device plugin.
 pub const DEVICE_PLUGIN_RESOURCES: &[&str] = &["vpc.amazonaws.com/efa"];

@@ -234,7 +234,7 @@ fn non_efa_instances_have_an_empty_pool() {
         let (_dir, f) = fixture(it);
         let found = discover(&SysfsRoot::new(&f.sys)).unwrap();
         assert!(found.efas.is_empty() && found.unusable.is_empty(), "{it}");
-        let slices = dra_core::publish::desired_slices(
+        let slices = dra_core::testing::desired_slices(
             efa_driver::DRIVER_NAME,
             "n1",
             None,

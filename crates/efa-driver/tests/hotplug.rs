@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use dra_core::HostPaths;
-use dra_core::rescan::{PoolId, RescanConfig, RescanMetrics, Rescanner, Trigger};
+use dra_core::testing::{PoolId, RescanConfig, RescanMetrics, Rescanner, Trigger};
 use efa_driver::EfaInventory;
 use efa_driver::attributes::device_name;
 use efa_driver::inventory::EfaMetrics;
@@ -30,7 +30,7 @@ fn name(f: &Fixture, i: usize) -> String {
 
 /// The devices tainted `device-lost`, with the taint's value, sorted by
 /// value then name.
-fn lost(rx: &watch::Receiver<dra_core::publish::PoolContent>) -> Vec<(String, String)> {
+fn lost(rx: &watch::Receiver<dra_core::testing::PoolContent>) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = rx
         .borrow()
         .iter()
@@ -48,7 +48,7 @@ fn lost(rx: &watch::Receiver<dra_core::publish::PoolContent>) -> Vec<(String, St
     out
 }
 
-async fn next(rx: &mut watch::Receiver<dra_core::publish::PoolContent>) -> Vec<String> {
+async fn next(rx: &mut watch::Receiver<dra_core::testing::PoolContent>) -> Vec<String> {
     tokio::time::timeout(Duration::from_secs(10), rx.changed())
         .await
         .expect("watcher reported the change in time")
@@ -178,5 +178,5 @@ async fn a_uevent_trigger_rescans_without_waiting_for_the_interval() {
 async fn uevent_socket_opens() {
     // The watcher's real event source: a kernel uevent netlink socket. Its
     // opening needs no privilege; a failure here would leave only rescans.
-    dra_core::uevent::UeventSocket::open().unwrap();
+    dra_core::testing::UeventSocket::open().unwrap();
 }

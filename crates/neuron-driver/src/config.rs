@@ -17,7 +17,7 @@
 //!
 //! One request may carry one entry of each kind: they merge (an LNC and an
 //! UltraServer mode), while a later entry of the same kind replaces an
-//! earlier one whole (`dra_core::config::config_for_request`).
+//! earlier one whole ([`dra_core::config_for_request`]).
 //!
 //! `dra-core` decodes each strictly (unknown fields, wrong types, another
 //! `apiVersion`/`kind` are errors naming the field). [`DriverConfig::validate`]
@@ -26,7 +26,7 @@
 //! whether an UltraServer mode is, on the node's supported modes
 //! ([`crate::ultraserver`]).
 
-use dra_core::config::{ConfigError, decode_config};
+use dra_core::{ConfigError, decode_config};
 use dra_core::{DriverConfig, InvalidValue};
 use serde::Deserialize;
 
@@ -124,7 +124,7 @@ impl DriverConfig for UltraServerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dra_core::config::{config_for_request, decode_allocation_configs};
+    use dra_core::{config_for_request, decode_allocation_configs};
     use k8s_openapi::api::resource::v1::{
         DeviceAllocationConfiguration, OpaqueDeviceConfiguration,
     };

@@ -5,7 +5,7 @@
 //! appear or disappear (module reload, driver unbind, a chip the kernel
 //! driver takes offline) are found by a rescan, which `dra-core` runs on
 //! uevents of the `pci` and `neuron_device` subsystems and periodically (see
-//! `dra_core::rescan`). A scan reads three small files per chip. A chip's
+//! the rescan loop of `dra-core`). A scan reads three small files per chip. A chip's
 //! PCI lookup (an ioctl that opens the chip) is not repeated on rescans: the
 //! [`BdfCache`] keeps it while the chip stays. Each successful scan replaces
 //! the [`SharedInventory`] that prepare reads.

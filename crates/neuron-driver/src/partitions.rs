@@ -16,7 +16,7 @@
 //! dropped on write, so only whole chips are published, without counters,
 //! exactly as before. Which mode is used is chosen at start-up:
 //! `--partitions auto` (default) asks the API server
-//! ([`dra_core::api_probe`]); `chips` and `cores` force one.
+//! (`dra-core` asks the API server at start-up); `chips` and `cores` force one.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -17,7 +17,7 @@ pub const DEVICE_PLUGIN_RESOURCES: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
-    use dra_core::node::device_plugin_resources_present;
+    use dra_core::device_plugin_resources_present;
     use k8s_openapi::api::core::v1::{Node, NodeStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 

@@ -2,84 +2,27 @@
 //! plugin (gRPC `NodePrepareResources` on its socket, the real driver on an
 //! inf2 fixture, the claim as the API server would hold it).
 //!
-//! Each case asserts the exact message kubelet receives (and turns into the
-//! pod's event, prefixed with the claim), and that nothing is left behind:
-//! no CDI spec and no checkpoint entry for the claim, and the claim's good
-//! devices still free for the next claim.
+//! What every driver must do with bad input is dra-core's conformance suite
+//! (`dra_core::testing::conformance`), run here on the Neuron driver; the
+//! cases below are the Neuron driver's own (its config's fields, its device
+//! names, a chip gone from the inventory, a claim spanning pools), each with
+//! the exact message kubelet receives, on the suite's `Node`: after each
+//! refusal nothing is left behind (no CDI spec, no checkpoint entry) and a
+//! good chip is still free for the next claim.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use dra_core::proto::dra_v1;
-use dra_core::self_check::unix_channel;
-use dra_core::{InMemoryClaimSource, KubeletPlugin, PluginMetrics, PluginOptions, RunningPlugin};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
-    DeviceRequestAllocationResult, OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
-};
-use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use dra_core::testing::conformance::{self, BAD_UID, Node, POOL, Subject};
 use neuron_driver::bdf::StaticBdf;
 use neuron_driver::discovery::{BdfCache, NodeInventory, discover};
 use neuron_driver::prepare::SharedInventory;
 use neuron_driver::{DRIVER_NAME, NeuronDriver};
 use serde_json::{Value, json};
 use sysfs_fixtures::{Fixture, generate};
-use tokio_util::sync::CancellationToken;
 use topology::{PciAddress, SysfsRoot};
 
-const POOL: &str = "node-a";
-const UID: &str = "uid-bad";
-
-struct Node {
-    _dir: tempfile::TempDir,
-    fixture: Fixture,
-    inventory: SharedInventory,
-    cdi_root: PathBuf,
-    checkpoint: PathBuf,
-    claims: InMemoryClaimSource,
-    token: CancellationToken,
-    running: Option<RunningPlugin>,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.token.cancel();
-    }
-}
-
-async fn node() -> Node {
-    let dir = tempfile::tempdir().unwrap();
-    let fixture = generate("inf2.48xlarge", &dir.path().join("host")).unwrap();
-    let root = dir.path().to_path_buf();
-    std::fs::write(root.join("boot_id"), "boot-1\n").unwrap();
-    let mut options = PluginOptions::new(DRIVER_NAME, "neuron");
-    options.registrar_dir = root.join("registry");
-    options.plugins_dir = root.join("plugins");
-    options.cdi_root = root.join("cdi");
-    options.boot_id_path = root.join("boot_id");
-    options.pool = Some(POOL.into());
-    let checkpoint = options.sockets().data_dir.join("checkpoint.json");
-    let claims = InMemoryClaimSource::new();
-    let metrics = PluginMetrics::register(&prometheus::Registry::new()).unwrap();
-    let token = CancellationToken::new();
-    let inventory = Arc::new(RwLock::new(scan(&fixture)));
-    let driver = NeuronDriver::new(inventory.clone());
-    let running = KubeletPlugin::new(driver, Arc::new(claims.clone()), options.clone(), metrics)
-        .start(token.clone())
-        .await
-        .unwrap();
-    Node {
-        _dir: dir,
-        fixture,
-        inventory,
-        cdi_root: options.cdi_root,
-        checkpoint,
-        claims,
-        token,
-        running: Some(running),
-    }
-}
+const UID: &str = BAD_UID;
 
 /// What a rescan of the fixture finds now (the BDF ioctl answered as the
 /// kernel would for the chips still there).
@@ -110,134 +53,41 @@ fn chip(i: u32) -> String {
     format!("neurondevice{i}")
 }
 
-/// An opaque config entry of a claim.
-fn config(driver: &str, parameters: Value) -> DeviceAllocationConfiguration {
-    DeviceAllocationConfiguration {
-        source: "FromClaim".into(),
-        requests: None,
-        opaque: Some(OpaqueDeviceConfiguration {
-            driver: driver.into(),
-            parameters: RawExtension(parameters),
-        }),
+fn subject(inventory: &SharedInventory) -> Subject<NeuronDriver> {
+    Subject {
+        driver: NeuronDriver::new(inventory.clone()),
+        driver_name: DRIVER_NAME,
+        cdi_class: "neuron",
+        claim_name: "chips",
+        devices: [chip(0), chip(3)],
+        good_config: json!({"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}),
     }
 }
 
-/// `results`: (driver, pool, device), all for request `chips`.
-fn claim(
-    uid: &str,
-    results: &[(&str, &str, &str)],
-    configs: Vec<DeviceAllocationConfiguration>,
-) -> ResourceClaim {
-    let mut c = ResourceClaim::default();
-    c.metadata.namespace = Some("ml".into());
-    c.metadata.name = Some("chips".into());
-    c.metadata.uid = Some(uid.into());
-    c.status = Some(ResourceClaimStatus {
-        allocation: Some(AllocationResult {
-            devices: Some(DeviceAllocationResult {
-                results: Some(
-                    results
-                        .iter()
-                        .map(|(driver, pool, device)| DeviceRequestAllocationResult {
-                            request: "chips".into(),
-                            driver: driver.to_string(),
-                            pool: pool.to_string(),
-                            device: device.to_string(),
-                            ..Default::default()
-                        })
-                        .collect(),
-                ),
-                config: Some(configs),
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    c
+/// An inf2.48xlarge fixture (12 chips) under `dir`.
+fn fixture(dir: &Path) -> Fixture {
+    generate("inf2.48xlarge", &dir.join("host")).unwrap()
 }
 
-/// Kubelet's call for one claim: its devices' CDI ids, or its error.
-async fn prepare(node: &Node, uid: &str) -> Result<Vec<String>, String> {
-    let socket = &node.running.as_ref().unwrap().sockets.plugin;
-    let mut client =
-        dra_v1::dra_plugin_client::DraPluginClient::new(unix_channel(socket).await.unwrap());
-    let response = tokio::time::timeout(
-        Duration::from_secs(30),
-        client.node_prepare_resources(dra_v1::NodePrepareResourcesRequest {
-            claims: vec![dra_v1::Claim {
-                namespace: "ml".into(),
-                uid: uid.into(),
-                name: "chips".into(),
-            }],
-        }),
-    )
-    .await
-    .unwrap()
-    .unwrap()
-    .into_inner();
-    let answer = response.claims.get(uid).cloned().unwrap();
-    if answer.error.is_empty() {
-        Ok(answer
-            .devices
-            .iter()
-            .flat_map(|d| d.cdi_device_ids.clone())
-            .collect())
-    } else {
-        Err(answer.error)
-    }
+#[tokio::test]
+async fn the_neuron_driver_passes_the_conformance_suite() {
+    conformance::run(|dir| subject(&Arc::new(RwLock::new(scan(&fixture(dir)))))).await;
 }
 
-/// Nothing of `uid` on the node: no CDI spec names it, the checkpoint
-/// (if any) has no entry for it.
-fn assert_nothing_left(node: &Node, uid: &str) {
-    let specs: Vec<String> = std::fs::read_dir(&node.cdi_root)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|name| name.contains(uid))
-        .collect();
-    assert!(specs.is_empty(), "CDI specs left for {uid}: {specs:?}");
-    if let Ok(text) = std::fs::read_to_string(&node.checkpoint) {
-        let checkpoint: Value = serde_json::from_str(&text).unwrap();
-        assert!(
-            checkpoint["claims"].get(uid).is_none(),
-            "checkpoint entry left for {uid}: {text}"
-        );
-    }
+/// A node with the Neuron driver on an inf2 fixture; the fixture and the
+/// driver's inventory, to change them.
+async fn node() -> (Node, Fixture, SharedInventory, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture(dir.path());
+    let inventory: SharedInventory = Arc::new(RwLock::new(scan(&fixture)));
+    let node = Node::start(subject(&inventory), dir.path()).await;
+    (node, fixture, inventory, dir)
 }
 
-/// Prepares `bad` (uid [`UID`]) and returns its error, after checking that
-/// nothing was left behind and that chip 0 is still free for a good claim.
-async fn refused(node: &Node, bad: ResourceClaim) -> String {
-    node.claims.insert(bad);
-    let error = prepare(node, UID).await.unwrap_err();
-    assert_nothing_left(node, UID);
-    let good = chip(0);
-    node.claims.insert(claim(
-        "uid-good",
-        &[(DRIVER_NAME, POOL, &good)],
-        vec![config(
-            DRIVER_NAME,
-            json!({"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}),
-        )],
-    ));
-    let ids = prepare(node, "uid-good").await.unwrap();
-    assert_eq!(
-        ids,
-        vec![format!("k8s.{DRIVER_NAME}/neuron=uid-good-{good}")]
-    );
-    error
-}
-
-/// A claim of chip 0 with one opaque config of this driver.
+/// A claim of chip 0 with one opaque config of this driver, refused.
 async fn with_config(parameters: Value) -> String {
-    let node = node().await;
-    let device = chip(0);
-    let bad = claim(
-        UID,
-        &[(DRIVER_NAME, POOL, &device)],
-        vec![config(DRIVER_NAME, parameters)],
-    );
-    refused(&node, bad).await
+    let (node, _fixture, _inventory, _dir) = node().await;
+    node.refused_config(parameters).await
 }
 
 const PREFIX: &str = "ResourceClaim ml/chips: opaque config #0 (from ResourceClaim): ";
@@ -249,21 +99,6 @@ fn neuron(extra: Value) -> Value {
         v.extend(extra);
     }
     v
-}
-
-#[tokio::test]
-async fn a_good_claim_prepares_and_leaves_its_spec() {
-    let node = node().await;
-    node.claims
-        .insert(claim(UID, &[(DRIVER_NAME, POOL, &chip(3))], vec![]));
-    let ids = prepare(&node, UID).await.unwrap();
-    assert_eq!(
-        ids,
-        vec![format!("k8s.{DRIVER_NAME}/neuron={UID}-{}", chip(3))]
-    );
-    // The control for `assert_nothing_left`: it does see a prepared claim.
-    let left = std::panic::catch_unwind(|| assert_nothing_left(&node, UID));
-    assert!(left.is_err(), "a prepared claim must be visible");
 }
 
 #[tokio::test]
@@ -389,10 +224,10 @@ async fn config_over_the_size_limit() {
 
 #[tokio::test]
 async fn device_not_in_the_inventory() {
-    let node = node().await;
-    let bad = claim(UID, &[(DRIVER_NAME, POOL, &chip(99))], vec![]);
+    let (node, _fixture, _inventory, _dir) = node().await;
+    let bad = node.claim(UID, &[(DRIVER_NAME, POOL, &chip(99))], vec![]);
     assert_eq!(
-        refused(&node, bad).await,
+        node.refused(bad).await,
         format!(
             "{FAILED}chip 99 (neurondevice99) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
         )
@@ -401,10 +236,10 @@ async fn device_not_in_the_inventory() {
 
 #[tokio::test]
 async fn device_name_of_another_driver() {
-    let node = node().await;
-    let bad = claim(UID, &[(DRIVER_NAME, POOL, "efa-0000-10-1c-0")], vec![]);
+    let (node, _fixture, _inventory, _dir) = node().await;
+    let bad = node.claim(UID, &[(DRIVER_NAME, POOL, "efa-0000-10-1c-0")], vec![]);
     assert_eq!(
-        refused(&node, bad).await,
+        node.refused(bad).await,
         format!(
             "{FAILED}device \"efa-0000-10-1c-0\" is not a Neuron chip or core of this driver (expected neurondevice<index>, neurondevice<index>-core-<core> or neuronnode)"
         )
@@ -413,46 +248,32 @@ async fn device_name_of_another_driver() {
 
 #[tokio::test]
 async fn device_vanished_between_allocation_and_prepare() {
-    let node = node().await;
+    let (node, fixture, inventory, _dir) = node().await;
     // Chip 5 is hot-unplugged and the next rescan no longer has it.
-    let bdf = node.fixture.neuron_chips[5].bdf.clone();
-    node.fixture.remove_device(&bdf).unwrap();
-    *node.inventory.write().unwrap() = scan(&node.fixture);
-    let bad = claim(
+    let bdf = fixture.neuron_chips[5].bdf.clone();
+    fixture.remove_device(&bdf).unwrap();
+    *inventory.write().unwrap() = scan(&fixture);
+    let bad = node.claim(
         UID,
         &[(DRIVER_NAME, POOL, &chip(4)), (DRIVER_NAME, POOL, &chip(5))],
         vec![],
     );
     assert_eq!(
-        refused(&node, bad).await,
+        node.refused(bad).await,
         format!(
             "{FAILED}chip 5 (neurondevice5) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
         )
     );
     // The chip allocated beside the vanished one was not half-prepared.
     node.claims
-        .insert(claim("uid-kept", &[(DRIVER_NAME, POOL, &chip(4))], vec![]));
-    assert!(prepare(&node, "uid-kept").await.is_ok());
-}
-
-#[tokio::test]
-async fn results_only_for_another_driver() {
-    let node = node().await;
-    let bad = claim(
-        UID,
-        &[("efa.networking.k8s.aws", POOL, "efa-0000-10-1c-0")],
-        vec![],
-    );
-    assert_eq!(
-        refused(&node, bad).await,
-        "ResourceClaim ml/chips has no device of driver neuron.aws.com in status.allocation (results are for: efa.networking.k8s.aws); the allocation changed after the pod was scheduled: delete the pod so that it is scheduled again"
-    );
+        .insert(node.claim("uid-kept", &[(DRIVER_NAME, POOL, &chip(4))], vec![]));
+    assert!(node.prepare("uid-kept").await.is_ok());
 }
 
 #[tokio::test]
 async fn results_in_another_pool() {
-    let node = node().await;
-    let bad = claim(
+    let (node, _fixture, _inventory, _dir) = node().await;
+    let bad = node.claim(
         UID,
         &[
             (DRIVER_NAME, POOL, &chip(1)),
@@ -461,7 +282,7 @@ async fn results_in_another_pool() {
         vec![],
     );
     assert_eq!(
-        refused(&node, bad).await,
+        node.refused(bad).await,
         "ResourceClaim ml/chips: device neurondevice2 of request chips is in pool node-b, but this node's pool is node-a: the claim was allocated devices of another node; delete the pod so that it is scheduled where its devices are"
     );
 }
@@ -469,28 +290,17 @@ async fn results_in_another_pool() {
 #[tokio::test]
 async fn oversized_claim_more_chips_than_the_node_has() {
     // inf2.48xlarge has 12 chips; a 13th result cannot be on this node.
-    let node = node().await;
+    let (node, _fixture, _inventory, _dir) = node().await;
     let devices: Vec<String> = (0..13).map(chip).collect();
     let results: Vec<(&str, &str, &str)> = devices
         .iter()
         .map(|d| (DRIVER_NAME, POOL, d.as_str()))
         .collect();
-    let bad = claim(UID, &results, vec![]);
+    let bad = node.claim(UID, &results, vec![]);
     assert_eq!(
-        refused(&node, bad).await,
+        node.refused(bad).await,
         format!(
             "{FAILED}chip 12 (neurondevice12) is not on this node: no such chip in the current inventory (it was removed after the claim was allocated, or the claim names a chip this node never published)"
         )
-    );
-}
-
-#[tokio::test]
-async fn claim_gone_from_the_api_server() {
-    let node = node().await;
-    let error = prepare(&node, UID).await.unwrap_err();
-    assert_nothing_left(&node, UID);
-    assert_eq!(
-        error,
-        "ResourceClaim ml/chips not found; it may have been deleted"
     );
 }

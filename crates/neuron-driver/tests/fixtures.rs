@@ -8,10 +8,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use dra_core::config::{config_for_request, decode_allocation_configs};
-use dra_core::rescan::{PoolId, RescanConfig, Rescanner, Trigger};
+use dra_core::testing::{PoolId, RescanConfig, Rescanner, Trigger};
 use dra_core::{AllocatedDevice, ClaimRef, Driver};
 use dra_core::{DeviceInventory, HostPaths};
+use dra_core::{config_for_request, decode_allocation_configs};
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAllocationConfiguration, DeviceAttribute, OpaqueDeviceConfiguration,
 };
@@ -248,7 +248,7 @@ fn no_accelerator_node_publishes_an_empty_pool() {
     assert_eq!(inv.instance_type.unwrap().as_str(), "m5.8xlarge");
     let devs = devices(&scan(&fx, &fixture_bdf(&fx)));
     assert!(devs.is_empty());
-    let slices = dra_core::publish::desired_slices(DRIVER_NAME, "n1", None, &devs);
+    let slices = dra_core::testing::desired_slices(DRIVER_NAME, "n1", None, &devs);
     assert_eq!(slices.len(), 1);
     assert_eq!(slices[0].spec.devices, None);
     assert_eq!(slices[0].spec.pool.resource_slice_count, 1);
@@ -361,13 +361,13 @@ fn a_uevent_triggers_a_rescan() {
             settle: std::time::Duration::from_millis(20),
         };
         tokio::spawn(rescanner.run(uevent_rx, config));
-        let wait_for = |rx: &mut tokio::sync::watch::Receiver<dra_core::publish::PoolContent>,
+        let wait_for = |rx: &mut tokio::sync::watch::Receiver<dra_core::testing::PoolContent>,
                         n: usize| {
             let mut rx = rx.clone();
             async move {
                 tokio::time::timeout(
                     std::time::Duration::from_secs(10),
-                    rx.wait_for(|d: &dra_core::publish::PoolContent| d.devices.len() == n),
+                    rx.wait_for(|d: &dra_core::testing::PoolContent| d.devices.len() == n),
                 )
                 .await
                 .map(|r| r.is_ok())

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// Backoff bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BackoffConfig {
+pub(crate) struct BackoffConfig {
     /// Base delay after the first failure.
     pub initial: Duration,
     /// Largest base delay.
@@ -37,7 +37,7 @@ impl BackoffConfig {
     /// writes keep [`BackoffConfig::default`]: a write that fails with the
     /// server up is retried at once only when the watch shows the server
     /// back (see [`crate::publish::publisher`]).
-    pub const WATCH: Self = Self {
+    pub(crate) const WATCH: Self = Self {
         initial: Duration::from_millis(500),
         max: Duration::from_secs(5),
     };
@@ -45,14 +45,14 @@ impl BackoffConfig {
 
 /// Backoff state: failures since the last success.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     config: BackoffConfig,
     failures: u32,
 }
 
 impl Backoff {
     /// Fresh state (no failures yet).
-    pub fn new(config: BackoffConfig) -> Self {
+    pub(crate) fn new(config: BackoffConfig) -> Self {
         Self {
             config,
             failures: 0,
@@ -60,18 +60,18 @@ impl Backoff {
     }
 
     /// Forget past failures (call after a success).
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.failures = 0;
     }
 
     /// Delay before the next attempt, with random jitter.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         self.next_delay_with(rand::random::<f64>())
     }
 
     /// Delay before the next attempt; `unit` in `[0, 1]` picks the point in the
     /// jitter window (injectable for tests).
-    pub fn next_delay_with(&mut self, unit: f64) -> Duration {
+    pub(crate) fn next_delay_with(&mut self, unit: f64) -> Duration {
         let exp = self.failures.min(31);
         self.failures = self.failures.saturating_add(1);
         let base = self
@@ -89,11 +89,11 @@ impl Backoff {
 /// (`WatchStreamExt::backoff`), which resets it on every event the watch
 /// delivers.
 #[derive(Debug, Clone)]
-pub struct WatchBackoff(Backoff);
+pub(crate) struct WatchBackoff(Backoff);
 
 impl WatchBackoff {
     /// Fresh state with these bounds.
-    pub fn new(config: BackoffConfig) -> Self {
+    pub(crate) fn new(config: BackoffConfig) -> Self {
         Self(Backoff::new(config))
     }
 }

@@ -42,10 +42,10 @@ use super::desired::slice_name;
 
 /// Field manager of every write of the publisher: the positive mark of our
 /// slices in their `managedFields`.
-pub const FIELD_MANAGER: &str = "aws-dra-publisher";
+pub(crate) const FIELD_MANAGER: &str = "aws-dra-publisher";
 
 /// The standard attribute that holds a device's PCI address, on our devices.
-pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+pub(crate) const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 
 /// Highest slice index recognised by name alone: far above any real pool
 /// (a trn2 pool is 3 device slices and 2 counter slices), and short enough
@@ -55,7 +55,7 @@ const MAX_INDEX_BY_NAME: usize = 999;
 /// Another driver that may publish our hardware, and where its slices say
 /// which PCI device a device is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ForeignIdentity {
+pub(crate) struct ForeignIdentity {
     /// Its driver name (`spec.driver`).
     pub driver: &'static str,
     /// Fully qualified attribute names holding a PCI address
@@ -65,7 +65,7 @@ pub struct ForeignIdentity {
 }
 
 /// The drivers whose devices are matched to ours by PCI address.
-pub const FOREIGN_PUBLISHERS: &[ForeignIdentity] = &[ForeignIdentity {
+pub(crate) const FOREIGN_PUBLISHERS: &[ForeignIdentity] = &[ForeignIdentity {
     // DRANET: its own attribute, and the standard one where it sets it.
     driver: "dra.net",
     pci_attributes: &["dra.net/pciAddress", PCI_BUS_ID],
@@ -73,7 +73,7 @@ pub const FOREIGN_PUBLISHERS: &[ForeignIdentity] = &[ForeignIdentity {
 
 /// Why a device of ours is withheld.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ClashReason {
+pub(crate) enum ClashReason {
     /// A slice of our own driver on our node that we did not write: the
     /// pool is someone else's, every device of ours is withheld.
     SameDriver,
@@ -89,7 +89,7 @@ pub enum ClashReason {
 /// One foreign slice that clashes with us: the unit that is logged and
 /// reported once when it appears.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ClashSource {
+pub(crate) struct ClashSource {
     /// Its driver.
     pub driver: String,
     /// Its name.
@@ -98,7 +98,7 @@ pub struct ClashSource {
 
 /// What [`find_clashes`] decided.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Clashes {
+pub(crate) struct Clashes {
     /// Foreign slices of our own driver: when any, the whole pool is withdrawn.
     pub same_driver: BTreeSet<ClashSource>,
     /// Our devices to withhold, each with the foreign slice and the reason.
@@ -107,17 +107,18 @@ pub struct Clashes {
 
 impl Clashes {
     /// No clash at all.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.same_driver.is_empty() && self.withheld.is_empty()
     }
 
     /// Our pool must not exist: another publisher owns it.
-    pub fn pool_withdrawn(&self) -> bool {
+    pub(crate) fn pool_withdrawn(&self) -> bool {
         !self.same_driver.is_empty()
     }
 
     /// Each foreign slice with the devices of ours it clashes with.
-    pub fn by_source(&self) -> BTreeMap<ClashSource, BTreeSet<String>> {
+    pub(crate) fn by_source(&self) -> BTreeMap<ClashSource, BTreeSet<String>> {
         let mut out: BTreeMap<ClashSource, BTreeSet<String>> = BTreeMap::new();
         for (device, reasons) in &self.withheld {
             for (source, _) in reasons {
@@ -133,7 +134,7 @@ impl Clashes {
     }
 
     /// Withheld devices by the other driver's name (the metric's label).
-    pub fn count_by_driver(&self) -> BTreeMap<String, usize> {
+    pub(crate) fn count_by_driver(&self) -> BTreeMap<String, usize> {
         let mut out: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
         for (device, reasons) in &self.withheld {
             for (source, _) in reasons {
@@ -147,7 +148,7 @@ impl Clashes {
 }
 
 /// Is `slice` (of our driver, on our node) one we wrote? See the module docs.
-pub fn is_ours(slice: &ResourceSlice, driver: &str, node: &str) -> bool {
+pub(crate) fn is_ours(slice: &ResourceSlice, driver: &str, node: &str) -> bool {
     let by_manager = slice
         .metadata
         .managed_fields
@@ -178,7 +179,7 @@ fn is_our_slice_name(name: &str, driver: &str, node: &str) -> bool {
 
 /// Our slices among `observed` (every slice on our node, any driver): the
 /// only ones the reconciler may see, and so the only ones it may change.
-pub fn own_slices<'a>(
+pub(crate) fn own_slices<'a>(
     observed: impl IntoIterator<Item = &'a ResourceSlice>,
     driver: &str,
     node: &str,
@@ -191,7 +192,7 @@ pub fn own_slices<'a>(
 
 /// Decides which of `ours` (our devices) another publisher already has on
 /// `node`, from `observed` (every slice the watch holds for the node).
-pub fn find_clashes(
+pub(crate) fn find_clashes(
     driver: &str,
     node: &str,
     observed: &[&ResourceSlice],

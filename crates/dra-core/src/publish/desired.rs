@@ -23,16 +23,16 @@ use sha2::{Digest, Sha256};
 use super::validate::{ValidationIssue, log_issues, validate_devices};
 
 /// Most devices the API server accepts in one ResourceSlice (1.34).
-pub const MAX_DEVICES_PER_SLICE: usize = 128;
+pub(crate) const MAX_DEVICES_PER_SLICE: usize = 128;
 /// Most devices in one slice when any of them has taints or consumes
 /// counters (`ResourceSliceMaxDevicesWithAdvancedFeatures` in the 1.37 API
 /// validation).
-pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
+pub(crate) const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
 
 /// Most counter sets in one ResourceSlice (`ResourceSliceMaxCounterSets`).
 /// A slice carries either devices or counter sets, never both, so counter
 /// sets go into slices of their own in the same pool.
-pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+pub(crate) const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 
 /// What one scan says the pool holds: the devices, and the counter sets
 /// that partitioned devices draw on (empty for a driver without
@@ -40,6 +40,7 @@ pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 /// the API server without the counter set it consumes, or the other way
 /// round.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub struct PoolContent {
     pub devices: Vec<Device>,
     pub counter_sets: Vec<CounterSet>,
@@ -55,6 +56,8 @@ impl std::ops::Deref for PoolContent {
 
 impl PoolContent {
     /// Devices only.
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
     pub fn devices(devices: Vec<Device>) -> Self {
         PoolContent {
             devices,
@@ -68,6 +71,7 @@ const MAX_OBJECT_NAME_LEN: usize = 253;
 
 /// The Node that owns the pool's slices, so they are garbage-collected with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub struct NodeOwner {
     /// Node name.
     pub name: String,
@@ -77,7 +81,7 @@ pub struct NodeOwner {
 
 impl NodeOwner {
     /// The owner reference put on every slice.
-    pub fn owner_reference(&self) -> OwnerReference {
+    pub(crate) fn owner_reference(&self) -> OwnerReference {
         OwnerReference {
             api_version: "v1".into(),
             kind: "Node".into(),
@@ -91,7 +95,7 @@ impl NodeOwner {
 
 /// Desired slices plus what validation repaired on the way.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DesiredPool {
+pub(crate) struct DesiredPool {
     /// Slices in index order; never empty.
     pub slices: Vec<ResourceSlice>,
     /// Repairs made while validating the devices.
@@ -102,7 +106,8 @@ pub struct DesiredPool {
 
 /// Computes the desired pool without logging (the publisher logs and counts
 /// the issues itself, once per device change).
-pub fn desired_pool(
+#[cfg(test)]
+pub(crate) fn desired_pool(
     driver: &str,
     node: &str,
     owner: Option<&NodeOwner>,
@@ -114,7 +119,7 @@ pub fn desired_pool(
 /// [`desired_pool`] for a pool whose devices consume shared counters: the
 /// device slices come first, then the counter sets, sorted by name, at most
 /// [`MAX_COUNTER_SETS_PER_SLICE`] per slice, in slices of their own.
-pub fn desired_pool_with_counters(
+pub(crate) fn desired_pool_with_counters(
     driver: &str,
     node: &str,
     owner: Option<&NodeOwner>,
@@ -189,6 +194,8 @@ pub fn desired_pool_with_counters(
 
 /// The slices `run` would publish for `devices` on `node` (what `discover`
 /// prints). Validation issues are logged at `warn`.
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn desired_slices(
     driver: &str,
     node: &str,
@@ -199,7 +206,7 @@ pub fn desired_slices(
 }
 
 /// [`desired_slices`] with the pool's counter sets.
-pub fn desired_slices_with_counters(
+pub(crate) fn desired_slices_with_counters(
     driver: &str,
     node: &str,
     owner: Option<&NodeOwner>,
@@ -214,7 +221,7 @@ pub fn desired_slices_with_counters(
 /// `<node>-<driver>-<index>`. Node names and driver names are DNS subdomains,
 /// so the result is one too; when it would exceed 253 characters the prefix is
 /// cut and a short hash of the full prefix keeps it unique.
-pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
+pub(crate) fn slice_name(node: &str, driver: &str, index: usize) -> String {
     let prefix = format!("{node}-{driver}");
     let suffix = format!("-{index}");
     if prefix.len() + suffix.len() <= MAX_OBJECT_NAME_LEN {

@@ -5,23 +5,22 @@
 //! (observed + desired → API calls), [`clash`] (which devices another
 //! driver already publishes on the node); [`publisher`] is the thin async
 //! loop that feeds them from a watch and applies the result with backoff.
+//!
+//! Also the driver's other writes to the API server: asking it what it
+//! accepts before the first publish ([`api_probe`]), lookups of the driver's
+//! own Node ([`node`]) and the labels the driver keeps on it
+//! ([`node_labels`]). Imports from `scan` (devices, health as taints) only;
+//! never from `prepare`, `kubelet` or `daemon`.
 
+pub(crate) mod api_probe;
 mod backoff;
-pub mod clash;
-pub mod desired;
-pub mod publisher;
-pub mod reconcile;
-pub mod validate;
+pub(crate) mod clash;
+pub(crate) mod desired;
+pub(crate) mod node;
+pub(crate) mod node_labels;
+pub(crate) mod publisher;
+pub(crate) mod reconcile;
+pub(crate) mod validate;
 
-pub use backoff::{Backoff, BackoffConfig, WatchBackoff};
-pub use clash::{
-    ClashReason, ClashSource, Clashes, FOREIGN_PUBLISHERS, ForeignIdentity, find_clashes,
-};
-pub use desired::{
-    DesiredPool, MAX_COUNTER_SETS_PER_SLICE, MAX_DEVICES_PER_SLICE, NodeOwner, PoolContent,
-    desired_pool, desired_pool_with_counters, desired_slices, desired_slices_with_counters,
-    slice_name,
-};
-pub use publisher::{PublishMetrics, PublisherConfig, PublisherConfigError, run};
-pub use reconcile::{SliceAction, reconcile};
-pub use validate::{IssueAction, IssueReason, ValidationIssue, validate_devices};
+pub(crate) use backoff::{Backoff, BackoffConfig};
+pub(crate) use desired::{NodeOwner, PoolContent, desired_slices_with_counters, slice_name};

@@ -58,13 +58,14 @@ use super::clash::{
 use super::desired::{DesiredPool, NodeOwner, PoolContent, desired_pool_with_counters};
 use super::reconcile::{SliceAction, reconcile};
 use super::validate::{is_dns_subdomain, log_issues};
-use crate::taints::{any_tainted, without_taints};
+use crate::scan::taints::{any_tainted, without_taints};
 
 /// Longest wait for the watch to show our own writes before reconciling anyway.
-pub const WRITE_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const WRITE_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Invalid publisher configuration.
 #[derive(Debug, thiserror::Error)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub enum PublisherConfigError {
     /// Driver name is not a DNS subdomain of at most 63 characters.
     #[error("driver name {0:?} must be a DNS subdomain of at most 63 characters")]
@@ -76,6 +77,7 @@ pub enum PublisherConfigError {
 
 /// Metrics of the publisher, registered once per process.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub struct PublishMetrics {
     /// `aws_dra_publish_pool_devices`: devices in the pool after the last successful sync.
     pub published_devices: IntGauge,
@@ -95,13 +97,14 @@ pub struct PublishMetrics {
     pub taints_dropped: IntGauge,
     /// `aws_dra_publish_withheld_devices{other_driver}`: our devices not published
     /// because that driver already publishes them on this node
-    /// ([`super::clash`]); 0 once the clash is over. Named with the project
+    /// (`publish::clash`); 0 once the clash is over. Named with the project
     /// prefix, not kubelet's `dra_`.
     pub withheld_devices: IntGaugeVec,
 }
 
 impl PublishMetrics {
     /// Creates the metrics and registers them in `registry`.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
     pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
         let m = Self {
             published_devices: IntGauge::new(
@@ -158,25 +161,31 @@ impl PublishMetrics {
 
 /// What the publisher publishes, for whom.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub struct PublisherConfig {
     driver_name: String,
     node_name: String,
     node_owner: Option<NodeOwner>,
     /// Retry timing for failed writes.
-    pub backoff: BackoffConfig,
+    pub(crate) backoff: BackoffConfig,
     /// Reconnect timing of the watch ([`BackoffConfig::WATCH`]).
-    pub watch_backoff: BackoffConfig,
+    pub(crate) watch_backoff: BackoffConfig,
     /// Where the publisher reports.
     pub metrics: PublishMetrics,
     /// Other drivers whose devices are matched to ours by PCI address
     /// ([`FOREIGN_PUBLISHERS`] unless changed).
-    pub foreign: &'static [ForeignIdentity],
+    pub(crate) foreign: &'static [ForeignIdentity],
+    /// Set once the node's slices are in the API server as desired (the
+    /// first successful reconcile); [`PublisherConfig::published`] hands
+    /// out receivers. The readiness gate waits on it.
+    published: watch::Sender<bool>,
 }
 
 impl PublisherConfig {
     /// Checks the names; `node_owner` is the Node for the owner reference
-    /// (see [`crate::node::node_owner`]); without it slices are not
+    /// (see `publish::node::node_owner`); without it slices are not
     /// garbage-collected with the Node.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
     pub fn new(
         driver_name: &str,
         node_name: &str,
@@ -199,12 +208,19 @@ impl PublisherConfig {
             watch_backoff: BackoffConfig::WATCH,
             metrics,
             foreign: FOREIGN_PUBLISHERS,
+            published: watch::channel(false).0,
         })
+    }
+
+    /// Becomes `true` once the publisher has published the node's slices
+    /// (reconciled them once), and stays so.
+    pub(crate) fn published(&self) -> watch::Receiver<bool> {
+        self.published.subscribe()
     }
 
     /// The field selector of the watch: every driver's slices on the node,
     /// ours to reconcile, the others to find clashes.
-    pub fn field_selector(&self) -> String {
+    pub(crate) fn field_selector(&self) -> String {
         format!("spec.nodeName={}", self.node_name)
     }
 
@@ -256,6 +272,7 @@ impl PublisherConfig {
 
 /// Runs the publisher until `shutdown` completes. Spawn it as its own task.
 /// If the sender of `devices` goes away the last devices stay published.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub async fn run(
     client: kube::Client,
     config: PublisherConfig,
@@ -350,6 +367,7 @@ pub async fn run(
                         .published_devices
                         .set(i64::try_from(device_count).unwrap_or(i64::MAX));
                     metrics.last_success.set(unix_now());
+                    config.published.send_replace(true);
                 }
                 Err(()) => {
                     let delay = backoff.next_delay();
@@ -425,10 +443,10 @@ fn write_params() -> PostParams {
 
 /// Where Node events go: the namespace kubelet uses for its own Node events
 /// (a Node has none; `kubectl describe node` finds them there).
-pub const NODE_EVENT_NAMESPACE: &str = "default";
+pub(crate) const NODE_EVENT_NAMESPACE: &str = "default";
 
 /// Reason of the Node event when a clash starts.
-pub const CLASH_EVENT_REASON: &str = "DevicesPublishedByAnotherDriver";
+pub(crate) const CLASH_EVENT_REASON: &str = "DevicesPublishedByAnotherDriver";
 
 /// Longest wait for the Node event's create: the event is a courtesy, the
 /// pool must not wait for it.

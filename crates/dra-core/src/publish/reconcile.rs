@@ -29,7 +29,7 @@ use k8s_quantity::quantities_equal;
 
 /// One API call.
 #[derive(Debug, Clone, PartialEq)]
-pub enum SliceAction {
+pub(crate) enum SliceAction {
     /// POST this slice.
     Create(ResourceSlice),
     /// PUT this slice; `metadata.resourceVersion` is the observed one, so a
@@ -47,7 +47,7 @@ pub enum SliceAction {
 
 impl SliceAction {
     /// Name of the slice this action touches.
-    pub fn slice_name(&self) -> &str {
+    pub(crate) fn slice_name(&self) -> &str {
         match self {
             Self::Create(s) | Self::Update(s) => s.metadata.name.as_deref().unwrap_or(""),
             Self::Delete { name, .. } => name,
@@ -55,7 +55,7 @@ impl SliceAction {
     }
 
     /// `create`, `update` or `delete` (for logs and metric labels).
-    pub fn verb(&self) -> &'static str {
+    pub(crate) fn verb(&self) -> &'static str {
         match self {
             Self::Create(_) => "create",
             Self::Update(_) => "update",
@@ -68,7 +68,7 @@ impl SliceAction {
 /// `spec.nodeName`/`spec.driver` field selector) into `desired` (from
 /// [`super::desired_pool`]; all share one pool name). Creates and updates come
 /// first, in desired order, then deletes sorted by name.
-pub fn reconcile(observed: &[ResourceSlice], desired: &[ResourceSlice]) -> Vec<SliceAction> {
+pub(crate) fn reconcile(observed: &[ResourceSlice], desired: &[ResourceSlice]) -> Vec<SliceAction> {
     let Some(first) = desired.first() else {
         // Nothing desired at all (not produced by desired_pool): clean up.
         return deletes(observed.iter());

@@ -22,19 +22,19 @@ use std::fmt;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 /// Longest string or version attribute value the API server accepts, in bytes.
-pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
+pub(crate) const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 /// Most attributes plus capacities one device may carry.
-pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+pub(crate) const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// Longest identifier part of an attribute or capacity name.
-pub const MAX_IDENTIFIER_LEN: usize = 32;
+pub(crate) const MAX_IDENTIFIER_LEN: usize = 32;
 /// Longest domain part of an attribute or capacity name.
-pub const MAX_NAME_DOMAIN_LEN: usize = 63;
+pub(crate) const MAX_NAME_DOMAIN_LEN: usize = 63;
 /// Longest device name (a DNS label).
-pub const MAX_DEVICE_NAME_LEN: usize = 63;
+pub(crate) const MAX_DEVICE_NAME_LEN: usize = 63;
 
 /// What validation did about a problem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IssueAction {
+pub(crate) enum IssueAction {
     /// The whole device was left out of the pool.
     DeviceDropped,
     /// One attribute was left out; the device is published without it.
@@ -47,7 +47,7 @@ pub enum IssueAction {
 
 impl IssueAction {
     /// Stable label value for metrics.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::DeviceDropped => "device_dropped",
             Self::AttributeDropped => "attribute_dropped",
@@ -59,7 +59,7 @@ impl IssueAction {
 
 /// Why validation acted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IssueReason {
+pub(crate) enum IssueReason {
     /// Device name is not a DNS label of at most 63 characters.
     InvalidDeviceName,
     /// Another device earlier in the list has the same name.
@@ -86,7 +86,7 @@ pub enum IssueReason {
 
 impl IssueReason {
     /// Stable label value for metrics.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Self::InvalidDeviceName => "invalid_device_name",
             Self::DuplicateDeviceName => "duplicate_device_name",
@@ -149,7 +149,7 @@ impl fmt::Display for IssueReason {
 
 /// One repair made by [`validate_devices`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ValidationIssue {
+pub(crate) struct ValidationIssue {
     /// Device name as the driver gave it.
     pub device: String,
     /// Attribute or capacity name, when the issue is about one.
@@ -171,7 +171,7 @@ impl fmt::Display for ValidationIssue {
 }
 
 /// Logs each issue as one `warn` line with structured fields.
-pub fn log_issues(issues: &[ValidationIssue]) {
+pub(crate) fn log_issues(issues: &[ValidationIssue]) {
     for issue in issues {
         tracing::warn!(
             device = %issue.device,
@@ -186,7 +186,10 @@ pub fn log_issues(issues: &[ValidationIssue]) {
 
 /// Validates and repairs `devices` for publishing by `driver`. Device order is
 /// kept; devices with an invalid or duplicate name are left out.
-pub fn validate_devices(driver: &str, devices: &[Device]) -> (Vec<Device>, Vec<ValidationIssue>) {
+pub(crate) fn validate_devices(
+    driver: &str,
+    devices: &[Device],
+) -> (Vec<Device>, Vec<ValidationIssue>) {
     let mut issues = Vec::new();
     let mut seen = BTreeSet::new();
     let mut out = Vec::with_capacity(devices.len());

@@ -77,9 +77,9 @@ mod tests {
     use super::*;
 
     const OURS: &str = "\
-2026-12-02T18:27:52.59Z DEBUG dra_core::state: prepare call timings claims=1 get_seconds=0.002 lock_seconds=2.2e-5 save_seconds=0.0012 total_seconds=0.004
-2026-12-02T18:27:53.00Z  INFO dra_core::state: prepare claim_uid=x seconds=0.001
-2026-12-02T18:27:58.65Z DEBUG dra_core::state: prepare call timings claims=1 get_seconds=0.003 total_seconds=0.005
+2026-12-02T18:27:52.59Z DEBUG dra_core::prepare::state: prepare call timings claims=1 get_seconds=0.002 lock_seconds=2.2e-5 save_seconds=0.0012 total_seconds=0.004
+2026-12-02T18:27:53.00Z  INFO dra_core::prepare::state: prepare claim_uid=x seconds=0.001
+2026-12-02T18:27:58.65Z DEBUG dra_core::prepare::state: prepare call timings claims=1 get_seconds=0.003 total_seconds=0.005
 ";
     const REFERENCE: &str = r#"I1202 18:42:25.042470   15925 main.go:188] "prepare timings" claims=1 get_seconds=0.001965551 work_seconds=0.003736803 total_seconds=0.005781262"#;
 

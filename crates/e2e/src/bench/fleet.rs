@@ -137,12 +137,12 @@ async fn run_size(
             .create(&PostParams::default(), &node)
             .await
             .map_err(kube_err(format!("creating node {name}")))?;
-        owners.push(dra_core::publish::NodeOwner {
+        owners.push(dra_core::testing::NodeOwner {
             name,
             uid: created.metadata.uid.unwrap_or_default(),
         });
     }
-    let metrics = dra_core::publish::PublishMetrics::register(&prometheus::Registry::new())
+    let metrics = dra_core::testing::PublishMetrics::register(&prometheus::Registry::new())
         .map_err(|e| Error::Testbed(format!("publisher metrics: {e}")))?;
     let mut timer = PoolTimer::start(&admin, DRIVER_NAME).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -165,14 +165,14 @@ async fn run_size(
                 .map_err(kube_err(format!("reading node {}", owner.name)))?;
             let name = owner.name.clone();
             let config =
-                dra_core::publish::PublisherConfig::new(DRIVER_NAME, &name, Some(owner), metrics)
+                dra_core::testing::PublisherConfig::new(DRIVER_NAME, &name, Some(owner), metrics)
                     .map_err(|e| Error::Testbed(e.to_string()))?;
             let (_devices_tx, devices_rx) =
-                watch::channel(dra_core::publish::PoolContent::devices(devices));
+                watch::channel(dra_core::testing::PoolContent::devices(devices));
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
-            dra_core::publish::run(client, config, devices_rx, shutdown).await;
+            dra_core::testing::publish(client, config, devices_rx, shutdown).await;
             Ok::<(), Error>(())
         }));
     }

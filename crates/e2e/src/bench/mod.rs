@@ -96,7 +96,7 @@ pub async fn run(options: &BenchOptions) -> Result<BenchReport> {
         audit_log: true,
         // The driver's own default, not the testbeds' 1 s: the idle
         // figures must be what a node pays.
-        rescan_interval: Some(dra_core::rescan::DEFAULT_RESCAN_INTERVAL),
+        rescan_interval: Some(dra_core::DEFAULT_RESCAN_INTERVAL),
         ..LocalOptions::default()
     })
     .await?;

@@ -103,7 +103,7 @@ pub async fn run(options: &NeuronBenchOptions) -> Result<NeuronBenchReport> {
             nodes: vec![(NODE.into(), INSTANCE_TYPE.into(), vec![DriverKind::Neuron])],
             bin_dir: Some(options.bin_dir.clone()),
             kubernetes_version: options.kubernetes_version.clone(),
-            rescan_interval: Some(dra_core::rescan::DEFAULT_RESCAN_INTERVAL),
+            rescan_interval: Some(dra_core::DEFAULT_RESCAN_INTERVAL),
             driver_env: vec![("NEURON_PARTITIONS".into(), partitions.into())],
             ..LocalOptions::default()
         })

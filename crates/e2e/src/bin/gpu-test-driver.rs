@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
+use dra_core::NoExtraArgs;
 use dra_core::attributes::{PciPlacement, int, string};
-use dra_core::cli::NoExtraArgs;
 use dra_core::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceInventory, DeviceNode, Driver,
     DriverConfig, DriverError, HostPaths, ScannedDevice,
@@ -220,7 +220,7 @@ impl Driver for GpuTestDriver {
 }
 
 fn main() -> std::process::ExitCode {
-    dra_core::runner::main::<GpuInventory>(&dra_core::runner::Program {
+    dra_core::run::<GpuInventory>(&dra_core::Program {
         binary: "gpu-test-driver",
         version: env!("CARGO_PKG_VERSION"),
         driver_name: DRIVER_NAME,
@@ -231,6 +231,34 @@ fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// dra-core's driver conformance suite, on the stand-in for NVIDIA's
+    /// driver: the third driver on the SDK behaves as the two shipped ones.
+    #[tokio::test]
+    async fn the_gpu_test_driver_passes_the_conformance_suite() {
+        use dra_core::testing::conformance::{Subject, run};
+        run(|dir| {
+            let fixture = sysfs_fixtures::generate("p5.48xlarge", &dir.join("host")).unwrap();
+            let host = HostPaths {
+                sysfs_root: fixture.sys.clone(),
+                dev_root: fixture.dev.clone(),
+            };
+            let mut inventory =
+                GpuInventory::open(&host, &NoExtraArgs {}, &prometheus::Registry::new()).unwrap();
+            inventory.scan().unwrap();
+            Subject {
+                driver: inventory.driver(),
+                driver_name: DRIVER_NAME,
+                cdi_class: "gpu",
+                claim_name: "gpu",
+                devices: ["gpu-0".into(), "gpu-5".into()],
+                good_config: serde_json::json!({
+                    "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"
+                }),
+            }
+        })
+        .await;
+    }
 
     #[test]
     fn gpus_match_the_fixture_description() {

@@ -322,9 +322,8 @@ async fn reboot(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
     // Typed, so the boot id lands in the field the driver reads (an
     // untyped edit once wrote `boot_id` beside the real `bootId`, and the
     // "reboot" was no reboot at all).
-    let mut cp: dra_core::checkpoint::Checkpoint =
-        serde_json::from_slice(&std::fs::read(&path)?)
-            .with_context(|| format!("reading {}", path.display()))?;
+    let mut cp: dra_core::testing::Checkpoint = serde_json::from_slice(&std::fs::read(&path)?)
+        .with_context(|| format!("reading {}", path.display()))?;
     ensure!(
         cp.claims.contains_key(&claim),
         "the held claim {claim} is not in {}",

@@ -210,7 +210,7 @@ impl<H: ChartHost> Testbed for ChartTestbed<H> {
         &self,
         node: &str,
         kind: DriverKind,
-    ) -> Result<Option<dra_core::checkpoint::Checkpoint>> {
+    ) -> Result<Option<dra_core::testing::Checkpoint>> {
         let l = self.layout(node)?;
         let path = format!(
             "{}/plugins/{}/checkpoint.json",

@@ -1,0 +1,94 @@
+//! The Kubernetes API client of a driver, from the usual kubeconfig
+//! resolution: an explicit file, then the in-cluster service account, then
+//! the default kubeconfig.
+//!
+//! Apart from [`crate::daemon::cli`] (which re-exports it, its public path) because
+//! the runtime needs a client and the command line builds the runtime's
+//! options: with the client in `cli`, the two modules imported each other.
+
+use std::path::{Path, PathBuf};
+
+/// No usable cluster configuration.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClientError {
+    /// The explicit kubeconfig could not be used.
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// File given with `--kubeconfig`/`KUBECONFIG`.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither in-cluster config nor the default kubeconfig worked.
+    #[error("no cluster configuration: in-cluster: {incluster}; default kubeconfig: {kubeconfig}")]
+    NotFound {
+        /// In-cluster failure.
+        incluster: kube::config::InClusterError,
+        /// Default kubeconfig failure.
+        kubeconfig: kube::config::KubeconfigError,
+    },
+    /// The configuration was found but a client could not be built from it.
+    #[error("building the Kubernetes client: {0}")]
+    Build(#[from] kube::Error),
+}
+
+/// Builds a client: an explicit `--kubeconfig` (or `KUBECONFIG`, its env twin)
+/// wins; otherwise the in-cluster service account; otherwise the default
+/// kubeconfig (`~/.kube/config`).
+pub(crate) async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
+    // rustls refuses to guess when feature unification compiles in more than
+    // one crypto provider (a dependency can pull in aws-lc-rs next to kube's
+    // ring); pick ring for the whole process. Err only means one is already set.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let options = kube::config::KubeConfigOptions::default();
+    let config = match kubeconfig {
+        Some(path) => {
+            let wrap = |source| ClientError::Kubeconfig {
+                path: path.to_owned(),
+                source,
+            };
+            let file = kube::config::Kubeconfig::read_from(path).map_err(wrap)?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(wrap)?
+        }
+        None => match kube::Config::incluster() {
+            Ok(config) => config,
+            Err(incluster) => {
+                kube::Config::from_kubeconfig(&options)
+                    .await
+                    .map_err(|kubeconfig| ClientError::NotFound {
+                        incluster,
+                        kubeconfig,
+                    })?
+            }
+        },
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn explicit_kubeconfig_errors_name_the_file() {
+        let missing = Path::new("/nonexistent/kubeconfig");
+        let err = kube_client(Some(missing))
+            .await
+            .err()
+            .expect("missing file");
+        assert!(err.to_string().contains("/nonexistent/kubeconfig"), "{err}");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("kc");
+        std::fs::write(
+            &file,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\nusers:\n- name: u\n  user:\n    token: t\n",
+        )
+        .expect("write");
+        let client = kube_client(Some(&file)).await.expect("client from file");
+        assert_eq!(client.default_namespace(), "default");
+    }
+}

@@ -1,0 +1,19 @@
+//! The daemon: one driver process from `main` to shutdown.
+//!
+//! Owns the command line ([`cli`]), the API client ([`client`]), the one
+//! rescan loop that feeds scans to the publisher and to kubelet's health
+//! stream ([`rescan`]), readiness ([`ready`]), the `/metrics` and `/healthz`
+//! server ([`ops`]), and the start-up order: [`runner`] sets up the process
+//! (logging, runtime, signals) and [`runtime`] starts the plugin, the
+//! publisher and the ops server in that order.
+//!
+//! The last step of the data flow: it may import from every other top-level
+//! module, and none of them may import from it.
+
+pub(crate) mod cli;
+pub(crate) mod client;
+pub(crate) mod ops;
+pub(crate) mod ready;
+pub(crate) mod rescan;
+pub(crate) mod runner;
+pub(crate) mod runtime;

@@ -1,0 +1,718 @@
+//! The one rescan loop: keeps the published devices and their health in
+//! step with the hardware, for every driver.
+//!
+//! Two triggers feed one rescan:
+//! - kernel uevents of the subsystems the inventory names
+//!   ([`DeviceInventory::UEVENT_SUBSYSTEMS`]), after a short settle delay
+//!   ([`UEVENT_SETTLE`]), because one hot-plug emits a burst of events
+//!   (function, driver bind, class devices);
+//! - a periodic rescan (`--rescan-interval`, default
+//!   [`DEFAULT_RESCAN_INTERVAL`]) as the fallback for lost events (socket
+//!   overrun), a pod that cannot open the uevent socket, sysfs mounted from
+//!   elsewhere (fixtures), and for health signals that only a read shows
+//!   (error counters send no uevent).
+//!
+//! A scan runs on a blocking thread (sysfs reads and ioctls block). The
+//! device list goes to the publisher only when it differs from the last one
+//! sent, so steady state writes nothing. Health goes to kubelet's health
+//! stream after every scan, with a fresh timestamp: kubelet turns a device
+//! Unknown when it hears nothing of it for its health-check timeout. A scan
+//! that fails keeps the devices published last: a transient sysfs problem
+//! must not unpublish healthy devices.
+//!
+//! Health also becomes device taints here ([`crate::scan::taints`]): the device
+//! list sent to the publisher carries them, so a health change is a device
+//! change, published like any other. Each change of a condition is logged
+//! once at WARN and counted.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use tokio::sync::{mpsc, watch};
+
+use crate::kubelet::health::{DeviceHealthStatus, HealthState};
+use crate::publish::PoolContent;
+use crate::scan::inventory::{DeviceInventory, ScannedDevice, Severity};
+use crate::scan::taints::{TaintBook, Transition};
+use crate::scan::uevent::{UeventSocket, forward_uevents};
+
+/// Default period of the fallback rescan, the same for every driver.
+pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(10);
+/// How long to wait after a uevent for the rest of its burst.
+pub(crate) const UEVENT_SETTLE: Duration = Duration::from_millis(250);
+
+/// What caused a rescan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub enum Trigger {
+    Start,
+    Uevent,
+    Interval,
+}
+
+impl Trigger {
+    /// The `trigger` label of the rescan metric.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Trigger::Start => "start",
+            Trigger::Uevent => "uevent",
+            Trigger::Interval => "interval",
+        }
+    }
+}
+
+/// Metrics of the rescans, named after the binary (`aws_dra_efa_devices`,
+/// `aws_dra_neuron_rescans_total`, ...).
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct RescanMetrics {
+    /// Devices currently published.
+    pub devices: IntGauge,
+    /// Successful rescans, by trigger.
+    pub rescans_total: IntCounterVec,
+    /// Duration of whole rescans.
+    pub rescan_seconds: Histogram,
+    /// Published devices by health state (`healthy`, `degraded`, `unhealthy`).
+    pub devices_by_health: IntGaugeVec,
+    /// Changes of a device's condition (appeared, changed, cleared), by dimension.
+    pub health_transitions: IntCounterVec,
+}
+
+impl RescanMetrics {
+    /// Creates the metrics `<prefix>_devices`, `<prefix>_rescans_total` and
+    /// `<prefix>_rescan_duration_seconds` and registers them in `registry`.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn register(registry: &Registry, prefix: &str) -> Result<Self, prometheus::Error> {
+        let m = RescanMetrics {
+            devices: IntGauge::new(
+                format!("{prefix}_devices"),
+                "Usable devices currently published",
+            )?,
+            rescans_total: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_rescans_total"),
+                    "sysfs rescans, by trigger",
+                ),
+                &["trigger"],
+            )?,
+            rescan_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    format!("{prefix}_rescan_duration_seconds"),
+                    "Duration of a whole sysfs rescan",
+                )
+                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0]),
+            )?,
+            devices_by_health: IntGaugeVec::new(
+                Opts::new(
+                    format!("{prefix}_devices_by_health"),
+                    "Published devices by health state (healthy, degraded, unhealthy)",
+                ),
+                &["state"],
+            )?,
+            health_transitions: IntCounterVec::new(
+                Opts::new(
+                    format!("{prefix}_health_transitions_total"),
+                    "Device health condition changes (appeared, changed, cleared), by dimension",
+                ),
+                &["dimension"],
+            )?,
+        };
+        registry.register(Box::new(m.devices.clone()))?;
+        registry.register(Box::new(m.rescans_total.clone()))?;
+        registry.register(Box::new(m.rescan_seconds.clone()))?;
+        registry.register(Box::new(m.devices_by_health.clone()))?;
+        registry.register(Box::new(m.health_transitions.clone()))?;
+        Ok(m)
+    }
+}
+
+/// How the loop runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct RescanConfig {
+    pub interval: Duration,
+    pub settle: Duration,
+}
+
+impl Default for RescanConfig {
+    fn default() -> Self {
+        RescanConfig {
+            interval: DEFAULT_RESCAN_INTERVAL,
+            settle: UEVENT_SETTLE,
+        }
+    }
+}
+
+impl RescanConfig {
+    /// The health-check timeout told to kubelet: three missed rescans, and
+    /// never less than kubelet's own default of 30 s.
+    pub(crate) fn health_timeout(&self) -> Duration {
+        (self.interval * 3).max(Duration::from_secs(30))
+    }
+}
+
+/// A rescan did not produce a device list.
+#[derive(Debug, thiserror::Error)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub enum RescanError<E: std::error::Error + 'static> {
+    #[error(transparent)]
+    Scan(E),
+    #[error("the scan thread failed: {0}")]
+    Thread(#[from] tokio::task::JoinError),
+}
+
+/// The receiving ends: what the publisher and the health stream read.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct DeviceFeeds {
+    pub devices: watch::Receiver<PoolContent>,
+    pub health: watch::Receiver<Vec<DeviceHealthStatus>>,
+    /// The Node labels the last scan calls for (`publish::node_labels`).
+    pub node_labels: watch::Receiver<crate::publish::node_labels::NodeLabels>,
+}
+
+/// Scans an inventory and sends what changed.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct Rescanner<I> {
+    inventory: Arc<Mutex<I>>,
+    pool: String,
+    devices: watch::Sender<PoolContent>,
+    health: watch::Sender<Vec<DeviceHealthStatus>>,
+    node_labels: watch::Sender<crate::publish::node_labels::NodeLabels>,
+    health_timeout: Option<Duration>,
+    metrics: Option<RescanMetrics>,
+    taints: Mutex<TaintBook>,
+}
+
+/// Which pool the devices are published in: `driver` prefixes the taint
+/// keys, `pool` (the node name) names the devices in the health stream.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct PoolId<'a> {
+    pub driver: &'a str,
+    pub pool: &'a str,
+}
+
+/// The health state label of a device's conditions.
+fn state_label(health: &crate::scan::inventory::DeviceHealth) -> &'static str {
+    match health.state() {
+        HealthState::Unhealthy => "unhealthy",
+        _ if health
+            .conditions
+            .iter()
+            .any(|c| c.severity == Severity::Degraded) =>
+        {
+            "degraded"
+        }
+        _ => "healthy",
+    }
+}
+
+/// Scans once, synchronously, and sets the taints (what `discover` prints).
+pub(crate) fn scan_with_taints<I: DeviceInventory>(
+    inventory: &mut I,
+    driver: &str,
+) -> Result<PoolContent, I::Error> {
+    let mut scanned = inventory.scan()?;
+    let transitions =
+        TaintBook::new(driver).apply(&mut scanned, k8s_openapi::jiff::Timestamp::now());
+    transitions.iter().for_each(Transition::log);
+    Ok(PoolContent {
+        devices: scanned.into_iter().map(|s| s.device).collect(),
+        counter_sets: inventory.counter_sets(),
+    })
+}
+
+impl<I: DeviceInventory> Rescanner<I> {
+    /// `id` names the pool; the feeds start empty and the first
+    /// [`Self::rescan`] fills them.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn new(
+        inventory: I,
+        id: PoolId<'_>,
+        health_timeout: Option<Duration>,
+        metrics: Option<RescanMetrics>,
+    ) -> (Self, DeviceFeeds) {
+        let (devices, devices_rx) = watch::channel(PoolContent::default());
+        let (health, health_rx) = watch::channel(Vec::new());
+        let (node_labels, node_labels_rx) = watch::channel(Default::default());
+        let rescanner = Rescanner {
+            inventory: Arc::new(Mutex::new(inventory)),
+            pool: id.pool.to_owned(),
+            devices,
+            health,
+            node_labels,
+            health_timeout,
+            metrics,
+            taints: Mutex::new(TaintBook::new(id.driver)),
+        };
+        let feeds = DeviceFeeds {
+            devices: devices_rx,
+            health: health_rx,
+            node_labels: node_labels_rx,
+        };
+        (rescanner, feeds)
+    }
+
+    /// The inventory's driver.
+    pub(crate) fn driver(&self) -> I::Driver {
+        self.lock().driver()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, I> {
+        // A poisoned lock means a scan panicked; the inventory holds only
+        // caches that the next scan rebuilds.
+        self.inventory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Scans once on a blocking thread and sends the result; `Ok(true)` when
+    /// the device list changed (always on the first scan that finds a
+    /// device).
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub async fn rescan(&self, trigger: Trigger) -> Result<bool, RescanError<I::Error>> {
+        let started = Instant::now();
+        let inventory = self.inventory.clone();
+        let (mut scanned, counter_sets, node_labels) = tokio::task::spawn_blocking(move || {
+            let mut inventory = inventory.lock().unwrap_or_else(|e| e.into_inner());
+            inventory
+                .scan()
+                .map(|s| (s, inventory.counter_sets(), inventory.node_labels()))
+        })
+        .await?
+        .map_err(RescanError::Scan)?;
+        self.node_labels.send_if_modified(|current| {
+            let changed = *current != node_labels;
+            *current = node_labels;
+            changed
+        });
+        if let Some(m) = &self.metrics {
+            m.rescans_total.with_label_values(&[trigger.label()]).inc();
+            m.rescan_seconds.observe(started.elapsed().as_secs_f64());
+            m.devices
+                .set(i64::try_from(scanned.len()).unwrap_or(i64::MAX));
+            m.devices_by_health.reset();
+            // Every state is exported, 0 included, so a dashboard can plot
+            // unhealthy devices before the first one breaks.
+            for state in ["healthy", "degraded", "unhealthy"] {
+                m.devices_by_health.with_label_values(&[state]).set(0);
+            }
+            for s in &scanned {
+                m.devices_by_health
+                    .with_label_values(&[state_label(&s.health)])
+                    .inc();
+            }
+        }
+        let transitions = self
+            .taints
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .apply(&mut scanned, k8s_openapi::jiff::Timestamp::now());
+        for t in &transitions {
+            t.log();
+            if let Some(m) = &self.metrics {
+                m.health_transitions
+                    .with_label_values(&[&t.dimension])
+                    .inc();
+            }
+        }
+        self.health.send_replace(self.health_statuses(&scanned));
+        let content = PoolContent {
+            devices: scanned.into_iter().map(|s| s.device).collect(),
+            counter_sets,
+        };
+        let changed = self.devices.send_if_modified(|current| {
+            if *current == content {
+                return false;
+            }
+            tracing::info!(
+                before = current.devices.len(),
+                after = content.devices.len(),
+                counter_sets = content.counter_sets.len(),
+                trigger = trigger.label(),
+                "device set changed"
+            );
+            *current = content;
+            true
+        });
+        Ok(changed)
+    }
+
+    fn health_statuses(&self, scanned: &[ScannedDevice]) -> Vec<DeviceHealthStatus> {
+        let now = SystemTime::now();
+        scanned
+            .iter()
+            .map(|s| DeviceHealthStatus {
+                pool: self.pool.clone(),
+                device: s.device.name.clone(),
+                state: s.health.state(),
+                last_updated: now,
+                message: s.health.message(),
+                health_check_timeout: self.health_timeout,
+            })
+            .collect()
+    }
+
+    /// Rescans on every trigger and every `config.interval` until every
+    /// receiver of the device feed is gone. The caller has already scanned
+    /// once ([`Trigger::Start`]).
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub async fn run(self, mut triggers: mpsc::Receiver<Trigger>, config: RescanConfig) {
+        let mut interval = tokio::time::interval(config.interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval.tick().await; // the first tick is immediate
+        let mut events_open = true;
+        loop {
+            let trigger = tokio::select! {
+                _ = self.devices.closed() => return,
+                _ = interval.tick() => Trigger::Interval,
+                t = triggers.recv(), if events_open => match t {
+                    Some(t) => {
+                        // Let the rest of the burst arrive, then drain it.
+                        tokio::time::sleep(config.settle).await;
+                        while triggers.try_recv().is_ok() {}
+                        t
+                    }
+                    None => {
+                        events_open = false;
+                        continue;
+                    }
+                },
+            };
+            if let Err(error) = self.rescan(trigger).await {
+                tracing::warn!(%error, trigger = trigger.label(), "rescan failed; keeping the published devices");
+            }
+        }
+    }
+}
+
+/// Opens the kernel uevent socket and forwards the events of `subsystems`
+/// to `triggers` as [`Trigger::Uevent`]. Without the socket (a
+/// user-namespaced pod) it warns: the periodic rescan is then all there is.
+pub(crate) fn forward_kernel_uevents(
+    subsystems: &'static [&'static str],
+    triggers: mpsc::Sender<Trigger>,
+) {
+    match UeventSocket::open() {
+        Ok(socket) => {
+            tokio::spawn(async move {
+                forward_uevents(socket, subsystems, triggers, Trigger::Uevent).await
+            });
+        }
+        Err(error) => tracing::warn!(
+            %error,
+            "no kernel uevents; device changes are seen by the periodic rescan only"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kubelet::health::HealthState;
+    use crate::scan::inventory::{DeviceHealth, HealthCondition, HostPaths};
+    use k8s_openapi::api::resource::v1::Device;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fake inventory: the test sets what the next scan finds, or that it
+    /// fails, and counts the scans.
+    #[derive(Clone)]
+    struct Hardware {
+        state: Arc<Mutex<Result<Vec<ScannedDevice>, String>>>,
+        scans: Arc<AtomicUsize>,
+    }
+
+    impl Default for Hardware {
+        fn default() -> Self {
+            Hardware {
+                state: Arc::new(Mutex::new(Ok(Vec::new()))),
+                scans: Arc::default(),
+            }
+        }
+    }
+
+    impl Hardware {
+        fn set(&self, names: &[&str]) {
+            *self.state.lock().unwrap() = Ok(names
+                .iter()
+                .map(|n| {
+                    ScannedDevice::healthy(Device {
+                        name: n.to_string(),
+                        ..Default::default()
+                    })
+                })
+                .collect());
+        }
+        fn set_health(&self, name: &str, health: DeviceHealth) {
+            if let Ok(list) = &mut *self.state.lock().unwrap() {
+                for s in list.iter_mut().filter(|s| s.device.name == name) {
+                    s.health = health.clone();
+                }
+            }
+        }
+        fn fail(&self) {
+            *self.state.lock().unwrap() = Err("sysfs gone".into());
+        }
+        fn scans(&self) -> usize {
+            self.scans.load(Ordering::SeqCst)
+        }
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct ScanFailed(String);
+
+    struct NullDriver;
+    impl crate::Driver for NullDriver {
+        type Config = NoConfig;
+        async fn prepare(
+            &self,
+            _: &crate::ClaimRef,
+            _: &[crate::AllocatedDevice<NoConfig>],
+        ) -> Result<Vec<crate::DeviceEdits>, crate::DriverError> {
+            Ok(vec![])
+        }
+    }
+    #[derive(Debug, Clone, serde::Deserialize)]
+    struct NoConfig {}
+    impl crate::DriverConfig for NoConfig {
+        const API_VERSIONS: &'static [&'static str] = &["x/v1"];
+        const KIND: &'static str = "X";
+    }
+
+    impl DeviceInventory for Hardware {
+        type Flags = crate::daemon::cli::NoExtraArgs;
+        type Error = ScanFailed;
+        type Driver = NullDriver;
+        const UEVENT_SUBSYSTEMS: &'static [&'static str] = &["pci"];
+        fn open(_: &HostPaths, _: &Self::Flags, _: &Registry) -> Result<Self, ScanFailed> {
+            Ok(Hardware::default())
+        }
+        fn scan(&mut self) -> Result<Vec<ScannedDevice>, ScanFailed> {
+            self.scans.fetch_add(1, Ordering::SeqCst);
+            self.state.lock().unwrap().clone().map_err(ScanFailed)
+        }
+        fn driver(&self) -> NullDriver {
+            NullDriver
+        }
+    }
+
+    fn names(rx: &watch::Receiver<PoolContent>) -> Vec<String> {
+        rx.borrow().iter().map(|d| d.name.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn sends_devices_only_when_they_change_and_keeps_them_on_failure() {
+        let hw = Hardware::default();
+        hw.set(&["a", "b"]);
+        let registry = Registry::new();
+        let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
+        let (rescanner, mut feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "node-1",
+            },
+            None,
+            Some(metrics.clone()),
+        );
+
+        assert!(rescanner.rescan(Trigger::Start).await.unwrap());
+        assert!(feeds.devices.has_changed().unwrap());
+        feeds.devices.mark_unchanged();
+        assert_eq!(names(&feeds.devices), ["a", "b"]);
+        assert!(
+            !rescanner.rescan(Trigger::Interval).await.unwrap(),
+            "same set"
+        );
+        assert!(!feeds.devices.has_changed().unwrap(), "nothing sent");
+
+        hw.fail();
+        let err = rescanner.rescan(Trigger::Interval).await.unwrap_err();
+        assert_eq!(err.to_string(), "sysfs gone");
+        assert_eq!(names(&feeds.devices), ["a", "b"], "kept on failure");
+
+        hw.set(&["b"]);
+        assert!(rescanner.rescan(Trigger::Uevent).await.unwrap());
+        assert_eq!(names(&feeds.devices), ["b"]);
+
+        let count = |t: &str| metrics.rescans_total.with_label_values(&[t]).get();
+        assert_eq!(
+            (count("start"), count("interval"), count("uevent")),
+            (1, 1, 1)
+        );
+        assert_eq!(metrics.devices.get(), 1);
+        assert_eq!(metrics.rescan_seconds.get_sample_count(), 3);
+        assert!(
+            RescanMetrics::register(&registry, "aws_dra_test").is_err(),
+            "duplicate names"
+        );
+    }
+
+    #[tokio::test]
+    async fn health_follows_every_scan() {
+        let hw = Hardware::default();
+        hw.set(&["a", "b"]);
+        let timeout = Some(Duration::from_secs(30));
+        let registry = Registry::new();
+        let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
+        let (rescanner, mut feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "node-1",
+            },
+            timeout,
+            Some(metrics.clone()),
+        );
+        rescanner.rescan(Trigger::Start).await.unwrap();
+        let first = feeds.health.borrow_and_update().clone();
+        assert_eq!(first.len(), 2);
+        assert!(first.iter().all(|s| s.pool == "node-1"
+            && s.state == HealthState::Healthy
+            && s.health_check_timeout == timeout));
+
+        hw.set_health(
+            "b",
+            DeviceHealth {
+                conditions: vec![HealthCondition {
+                    dimension: "admin-queue-closed".into(),
+                    severity: Severity::Fatal,
+                    value: "1".into(),
+                }],
+            },
+        );
+        assert!(
+            rescanner.rescan(Trigger::Interval).await.unwrap(),
+            "a new condition is a new taint: the devices changed"
+        );
+        let taints = feeds
+            .devices
+            .borrow()
+            .iter()
+            .find(|d| d.name == "b")
+            .and_then(|d| d.taints.clone())
+            .unwrap();
+        assert_eq!(taints.len(), 1);
+        assert_eq!(taints[0].key, "test.example.com/admin-queue-closed");
+        assert_eq!(taints[0].effect, "NoSchedule");
+        assert!(
+            !rescanner.rescan(Trigger::Interval).await.unwrap(),
+            "the same condition again: nothing to publish"
+        );
+        assert!(
+            feeds.health.has_changed().unwrap(),
+            "health is refreshed on every scan"
+        );
+        let b = feeds
+            .health
+            .borrow_and_update()
+            .iter()
+            .find(|s| s.device == "b")
+            .cloned()
+            .unwrap();
+        assert_eq!(b.state, HealthState::Unhealthy);
+        assert_eq!(b.message, "admin-queue-closed=1 (Fatal)");
+        let by_state = |s: &str| metrics.devices_by_health.with_label_values(&[s]).get();
+        assert_eq!((by_state("healthy"), by_state("unhealthy")), (1, 1));
+        assert_eq!(
+            metrics
+                .health_transitions
+                .with_label_values(&["admin-queue-closed"])
+                .get(),
+            1,
+            "counted once, not per scan"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
+        let hw = Hardware::default();
+        hw.set(&["a"]);
+        let (rescanner, feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "n",
+            },
+            None,
+            None,
+        );
+        rescanner.rescan(Trigger::Start).await.unwrap();
+        let (trigger_tx, trigger_rx) = mpsc::channel(1);
+        let config = RescanConfig {
+            interval: Duration::from_secs(3600),
+            settle: Duration::from_millis(20),
+        };
+        let task = tokio::spawn(rescanner.run(trigger_rx, config));
+        let mut devices = feeds.devices.clone();
+
+        // A uevent rescans long before the (one hour) interval.
+        hw.set(&["a", "b"]);
+        trigger_tx.send(Trigger::Uevent).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), devices.wait_for(|d| d.len() == 2))
+            .await
+            .expect("rescanned after the uevent")
+            .unwrap();
+        // A burst inside the settle delay gives one scan, not one per event.
+        let before = hw.scans();
+        for _ in 0..5 {
+            let _ = trigger_tx.try_send(Trigger::Uevent);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            hw.scans() - before <= 2,
+            "{} scans for a burst",
+            hw.scans() - before
+        );
+
+        drop(devices);
+        drop(feeds);
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the loop stops when nobody reads the devices")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_interval_rescans_without_events() {
+        let hw = Hardware::default();
+        hw.set(&["a"]);
+        let (rescanner, feeds) = Rescanner::new(
+            hw.clone(),
+            PoolId {
+                driver: "test.example.com",
+                pool: "n",
+            },
+            None,
+            None,
+        );
+        rescanner.rescan(Trigger::Start).await.unwrap();
+        let (_trigger_tx, trigger_rx) = mpsc::channel(1);
+        let config = RescanConfig {
+            interval: Duration::from_millis(50),
+            settle: UEVENT_SETTLE,
+        };
+        tokio::spawn(rescanner.run(trigger_rx, config));
+        hw.set(&["a", "c"]);
+        let mut devices = feeds.devices.clone();
+        tokio::time::timeout(Duration::from_secs(10), devices.wait_for(|d| d.len() == 2))
+            .await
+            .expect("the interval rescanned")
+            .unwrap();
+    }
+
+    #[test]
+    fn health_timeout_covers_three_rescans_and_kubelets_default() {
+        let t = |s| {
+            RescanConfig {
+                interval: Duration::from_secs(s),
+                settle: UEVENT_SETTLE,
+            }
+            .health_timeout()
+        };
+        assert_eq!(t(10), Duration::from_secs(30));
+        assert_eq!(t(1), Duration::from_secs(30));
+        assert_eq!(t(60), Duration::from_secs(180));
+    }
+}

@@ -1,0 +1,621 @@
+//! The kubelet-facing servers: registration and the DRA plugin service.
+//!
+//! Socket layout (per the kubelet plugin protocol): registration on
+//! `<registrar-dir>/<driver>-reg.sock`, the plugin on
+//! `<plugins-dir>/<driver>/dra.sock`; with a pod UID (seamless upgrade) the
+//! names become `<driver>-<podUID>-reg.sock` and `dra-<podUID>.sock`. The
+//! plugin data directory `<plugins-dir>/<driver>/` holds the checkpoint and
+//! the cross-process lock. Stale sockets are removed before binding, and both
+//! sockets are removed on shutdown (the registration socket going away is how
+//! kubelet learns the plugin is gone). Every accepted connection goes
+//! through a relay (see `connection`) that closes it when the client goes
+//! away, misbehaves or stalls; registration connections also get their
+//! `:authority` rewritten (see `authority`). Shutdown is bounded: open
+//! connections get `connections.shutdown_grace`, then are cut.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::kubelet::authority::Rewrite;
+use crate::kubelet::connection::{ConnectionLimits, relayed_connections};
+use crate::kubelet::health::{self, DeviceHealthStatus, HealthService};
+use crate::kubelet::proto::{
+    dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg,
+};
+use crate::prepare::atomic::remove_if_exists;
+use crate::prepare::cdi::CdiWriter;
+use crate::prepare::checkpoint::CheckpointStore;
+use crate::prepare::claims::ClaimSource;
+use crate::prepare::driver::{ClaimRef, Driver};
+use crate::prepare::lock::DataDirLock;
+use crate::prepare::metrics::PluginMetrics;
+use crate::prepare::state::{ClaimPipeline, PipelineError};
+
+/// Default of [`PluginOptions::device_release_wait`]: long enough for kubelet
+/// to stop a force-deleted pod's containers and unprepare its claim (about
+/// 2 s with kubelet's minimum grace on an idle node; 11.4 s was seen on a
+/// loaded one, where 10 s, the earlier default, refused), and under
+/// kubelet's 45 s timeout of a prepare call with room for the prepare
+/// itself.
+pub(crate) const DEFAULT_DEVICE_RELEASE_WAIT: Duration = Duration::from_secs(30);
+
+/// Where and as what the plugin serves.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct PluginOptions {
+    /// e.g. `neuron.aws.com`.
+    pub driver_name: String,
+    /// CDI class, e.g. `neuron` (ids are `k8s.<driver>/<class>=...`).
+    pub cdi_class: String,
+    /// kubelet's plugin registry, default `/var/lib/kubelet/plugins_registry`.
+    pub registrar_dir: PathBuf,
+    /// kubelet's plugins dir, default `/var/lib/kubelet/plugins`.
+    pub plugins_dir: PathBuf,
+    /// default `/var/run/cdi`.
+    pub cdi_root: PathBuf,
+    /// The pod UID (env `POD_UID`) for per-pod socket names.
+    pub pod_uid: Option<String>,
+    /// default `/proc/sys/kernel/random/boot_id`.
+    pub boot_id_path: PathBuf,
+    /// Time limits of every accepted connection, shutdown grace included.
+    pub connections: ConnectionLimits,
+    /// How long a prepare waits for another claim that still holds one of
+    /// its devices to be unprepared before refusing (device reuse after a
+    /// force-deleted pod); zero refuses at once.
+    pub device_release_wait: Duration,
+    /// This node's pool (the node name): a result of this driver in
+    /// another pool names a device of another node and is refused. `None`
+    /// accepts every pool (tests that do not care).
+    pub pool: Option<String>,
+}
+
+impl PluginOptions {
+    /// Options with the kubelet defaults.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn new(driver_name: &str, cdi_class: &str) -> Self {
+        Self {
+            driver_name: driver_name.to_string(),
+            cdi_class: cdi_class.to_string(),
+            registrar_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            plugins_dir: PathBuf::from("/var/lib/kubelet/plugins"),
+            cdi_root: PathBuf::from("/var/run/cdi"),
+            pod_uid: None,
+            boot_id_path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+            connections: ConnectionLimits::default(),
+            device_release_wait: DEFAULT_DEVICE_RELEASE_WAIT,
+            pool: None,
+        }
+    }
+
+    /// The socket paths and data directory these options lead to.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn sockets(&self) -> PluginSockets {
+        let data_dir = self.plugins_dir.join(&self.driver_name);
+        let (registration, plugin) = match self.pod_uid.as_deref().filter(|u| !u.is_empty()) {
+            Some(uid) => (
+                format!("{}-{uid}-reg.sock", self.driver_name),
+                format!("dra-{uid}.sock"),
+            ),
+            None => (
+                format!("{}-reg.sock", self.driver_name),
+                "dra.sock".to_string(),
+            ),
+        };
+        PluginSockets {
+            registration: self.registrar_dir.join(registration),
+            plugin: data_dir.join(plugin),
+            data_dir,
+        }
+    }
+}
+
+/// Resolved paths of a plugin instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct PluginSockets {
+    pub registration: PathBuf,
+    pub plugin: PathBuf,
+    pub data_dir: PathBuf,
+}
+
+/// The longest path a unix socket may have (`sun_path` is 108 bytes with
+/// its terminating NUL).
+pub(crate) const MAX_SOCKET_PATH: usize = 107;
+
+impl PluginSockets {
+    /// Both socket paths fit a unix socket address. With a pod UID in the
+    /// names (DaemonSet pods), the EFA driver's registration socket takes 86
+    /// bytes after the kubelet root dir: a root of more than 21 bytes is too
+    /// long, which the error says in the operator's terms.
+    pub(crate) fn check_lengths(&self) -> Result<(), PluginError> {
+        for path in [&self.registration, &self.plugin] {
+            let len = path.as_os_str().len();
+            if len > MAX_SOCKET_PATH {
+                return Err(PluginError::PathTooLong {
+                    path: path.clone(),
+                    len,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub enum PluginError {
+    #[error(
+        "socket path {path} is {len} bytes, but unix socket paths end at {MAX_SOCKET_PATH}: \
+         shorten the kubelet root dir (kubelet --root-dir; the charts' hostPaths.kubeletRoot, \
+         or hostPaths.kubeletRegistrarDir / kubeletPluginsDir)"
+    )]
+    PathTooLong { path: PathBuf, len: usize },
+    #[error("preparing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("gRPC server on {path}: {source}")]
+    Serve {
+        path: PathBuf,
+        source: tonic::transport::Error,
+    },
+    #[error("server task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// The kubelet plugin runtime of one driver.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct KubeletPlugin<D: Driver> {
+    driver: Arc<D>,
+    claims: Arc<dyn ClaimSource>,
+    options: PluginOptions,
+    metrics: PluginMetrics,
+    health: Option<watch::Receiver<Vec<DeviceHealthStatus>>>,
+}
+
+/// A started plugin; `wait` returns after shutdown, sockets removed.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct RunningPlugin {
+    pub sockets: PluginSockets,
+    /// Whether kubelet has registered the plugin: `false` until kubelet's
+    /// `NotifyRegistrationStatus` says registered, and again if it says
+    /// it rejected the plugin. The readiness gate waits on it.
+    pub registered: watch::Receiver<bool>,
+    task: JoinHandle<Result<(), PluginError>>,
+}
+
+impl RunningPlugin {
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub async fn wait(self) -> Result<(), PluginError> {
+        self.task.await?
+    }
+}
+
+impl<D: Driver> KubeletPlugin<D> {
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn new(
+        driver: D,
+        claims: Arc<dyn ClaimSource>,
+        options: PluginOptions,
+        metrics: PluginMetrics,
+    ) -> Self {
+        Self {
+            driver: Arc::new(driver),
+            claims,
+            options,
+            metrics,
+            health: None,
+        }
+    }
+
+    /// Serve `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` from
+    /// this channel.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn with_health(mut self, health: watch::Receiver<Vec<DeviceHealthStatus>>) -> Self {
+        self.health = Some(health);
+        self
+    }
+
+    /// Binds both sockets (plugin first, so kubelet never finds a
+    /// registration that points nowhere) and serves until `shutdown`.
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub async fn start(self, shutdown: CancellationToken) -> Result<RunningPlugin, PluginError> {
+        let sockets = self.options.sockets();
+        sockets.check_lengths()?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| PluginError::Io { path, source }
+        };
+        for dir in [
+            &self.options.registrar_dir,
+            &sockets.data_dir,
+            &self.options.cdi_root,
+        ] {
+            std::fs::create_dir_all(dir).map_err(io(dir))?;
+        }
+
+        let pipeline = Arc::new(ClaimPipeline {
+            driver_name: self.options.driver_name.clone(),
+            pool: self.options.pool.clone(),
+            driver: self.driver,
+            claims: self.claims,
+            cdi: CdiWriter::new(
+                &self.options.cdi_root,
+                &self.options.driver_name,
+                &self.options.cdi_class,
+            ),
+            checkpoint: CheckpointStore::new(
+                &sockets.data_dir,
+                self.options.boot_id_path.clone(),
+                self.options.cdi_root.clone(),
+                self.metrics.clone(),
+            ),
+            lock: DataDirLock::new(&sockets.data_dir),
+            metrics: self.metrics.clone(),
+            release_wait: self.options.device_release_wait,
+            released: tokio::sync::Notify::new(),
+            group: Default::default(),
+        });
+        // The prepared gauges, from what an earlier run left prepared (a
+        // failure here shows again, and is handled, at the first call).
+        if let Err(e) = pipeline.checkpoint.load() {
+            tracing::warn!(error = %e, "cannot read the checkpoint at start");
+        }
+        // A run killed while writing (SIGKILL, OOM) leaves its temp files;
+        // they are removed once old enough to be nobody's (at most
+        // ABANDONED_AFTER + SWEEP_EVERY after they were written).
+        tokio::spawn(sweep_abandoned(
+            pipeline.cdi.clone(),
+            pipeline.checkpoint.clone(),
+            shutdown.clone(),
+        ));
+
+        let mut versions = vec!["v1.DRAPlugin".to_string(), "v1beta1.DRAPlugin".to_string()];
+        let mut plugin_router = tonic::transport::Server::builder()
+            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
+                DraService {
+                    pipeline: pipeline.clone(),
+                    metrics: self.metrics.clone(),
+                },
+            ))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
+                DraService {
+                    pipeline,
+                    metrics: self.metrics.clone(),
+                },
+            ));
+        if let Some(health) = self.health {
+            versions.extend(health::SERVICE_NAMES.iter().map(ToString::to_string));
+            let service = HealthService { health };
+            plugin_router = plugin_router
+                .add_service(
+                    health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                        service.clone(),
+                    ),
+                )
+                .add_service(
+                    health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                        service,
+                    ),
+                );
+        }
+
+        remove_if_exists(&sockets.plugin).map_err(io(&sockets.plugin))?;
+        let plugin_listener = UnixListener::bind(&sockets.plugin).map_err(io(&sockets.plugin))?;
+        remove_if_exists(&sockets.registration).map_err(io(&sockets.registration))?;
+        let reg_listener =
+            UnixListener::bind(&sockets.registration).map_err(io(&sockets.registration))?;
+
+        let info = reg::PluginInfo {
+            r#type: "DRAPlugin".to_string(),
+            name: self.options.driver_name.clone(),
+            endpoint: sockets.plugin.to_string_lossy().into_owned(),
+            supported_versions: versions,
+        };
+        let (registered_tx, registered) = watch::channel(false);
+        let registration = reg::registration_server::RegistrationServer::new(RegistrationService {
+            info,
+            metrics: self.metrics.clone(),
+            registered: registered_tx,
+        });
+        tracing::info!(
+            registration = %sockets.registration.display(),
+            plugin = %sockets.plugin.display(),
+            "kubelet plugin sockets listening"
+        );
+
+        let limits = self.options.connections;
+        let plugin_path = sockets.plugin.clone();
+        let plugin_server = plugin_router.serve_with_incoming_shutdown(
+            relayed_connections(
+                plugin_listener,
+                "dra",
+                Rewrite::PassThrough,
+                limits,
+                shutdown.clone(),
+            ),
+            shutdown.clone().cancelled_owned(),
+        );
+        let reg_path = sockets.registration.clone();
+        let reg_server = tonic::transport::Server::builder()
+            .add_service(registration)
+            .serve_with_incoming_shutdown(
+                relayed_connections(
+                    reg_listener,
+                    "registration",
+                    Rewrite::Authority,
+                    limits,
+                    shutdown.clone(),
+                ),
+                shutdown.clone().cancelled_owned(),
+            );
+        let task = tokio::spawn(async move {
+            // Kubelet must see the registration socket vanish first.
+            let early_unregister = {
+                let reg_path = reg_path.clone();
+                let shutdown = shutdown.clone();
+                async move {
+                    shutdown.cancelled().await;
+                    let _ = remove_if_exists(&reg_path);
+                }
+            };
+            // The relays cut every connection `shutdown_grace` after
+            // shutdown; the servers then finish at once. The bound is a
+            // second line of defence so that SIGTERM always completes.
+            let servers = async { tokio::join!(plugin_server, reg_server) };
+            let bound = async {
+                shutdown.cancelled().await;
+                tokio::time::sleep(limits.shutdown_grace + SERVER_EXIT_MARGIN).await;
+            };
+            let (servers, ()) = tokio::join!(
+                async {
+                    tokio::select! {
+                        results = servers => Some(results),
+                        () = bound => None,
+                    }
+                },
+                early_unregister
+            );
+            let _ = remove_if_exists(&reg_path);
+            let _ = remove_if_exists(&plugin_path);
+            tracing::info!("kubelet plugin sockets removed");
+            let Some((plugin_result, reg_result)) = servers else {
+                tracing::error!(
+                    grace = ?limits.shutdown_grace,
+                    "gRPC servers still busy after the shutdown grace; left behind"
+                );
+                return Ok(());
+            };
+            plugin_result.map_err(|source| PluginError::Serve {
+                path: plugin_path,
+                source,
+            })?;
+            reg_result.map_err(|source| PluginError::Serve {
+                path: reg_path,
+                source,
+            })
+        });
+        Ok(RunningPlugin {
+            sockets,
+            registered,
+            task,
+        })
+    }
+}
+
+/// How long after the connections' shutdown grace the servers may take to
+/// notice that their connections are gone.
+const SERVER_EXIT_MARGIN: Duration = Duration::from_millis(500);
+
+struct RegistrationService {
+    info: reg::PluginInfo,
+    metrics: PluginMetrics,
+    /// The lifecycle signal behind [`RunningPlugin::registered`].
+    registered: watch::Sender<bool>,
+}
+
+#[tonic::async_trait]
+impl reg::registration_server::Registration for RegistrationService {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<reg::RegistrationStatus>,
+    ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        self.metrics.registration(status.plugin_registered);
+        self.registered.send_replace(status.plugin_registered);
+        if status.plugin_registered {
+            tracing::info!(driver = self.info.name, "kubelet registered the plugin");
+        } else {
+            tracing::error!(
+                driver = self.info.name,
+                error = status.error,
+                "kubelet REJECTED the plugin registration: this node will get no allocations"
+            );
+        }
+        Ok(Response::new(reg::RegistrationStatusResponse {}))
+    }
+}
+
+struct DraService<D: Driver> {
+    pipeline: Arc<ClaimPipeline<D>>,
+    metrics: PluginMetrics,
+}
+
+fn pipeline_status(e: PipelineError) -> Status {
+    tracing::error!(error = %e, "DRA call failed as a whole");
+    Status::internal(e.to_string())
+}
+
+macro_rules! dra_service_version {
+    ($pb:ident) => {
+        impl From<$pb::Claim> for ClaimRef {
+            fn from(c: $pb::Claim) -> Self {
+                ClaimRef {
+                    namespace: c.namespace,
+                    name: c.name,
+                    uid: c.uid,
+                }
+            }
+        }
+
+        // v1's Device has `share_id` (left unset), v1beta1's has not.
+        #[allow(clippy::needless_update)]
+        #[tonic::async_trait]
+        impl<D: Driver> $pb::dra_plugin_server::DraPlugin for DraService<D> {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$pb::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$pb::NodePrepareResourcesResponse>, Status> {
+                let _in_flight = self.metrics.in_flight("prepare");
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(ClaimRef::from)
+                    .collect();
+                let answers = self
+                    .pipeline
+                    .prepare(claims)
+                    .await
+                    .map_err(pipeline_status)?;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, outcome)| {
+                        let entry = match outcome {
+                            Ok(devices) => $pb::NodePrepareResourceResponse {
+                                devices: devices
+                                    .into_iter()
+                                    .map(|d| $pb::Device {
+                                        request_names: d.request_names,
+                                        pool_name: d.pool,
+                                        device_name: d.device,
+                                        cdi_device_ids: d.cdi_device_ids,
+                                        ..Default::default()
+                                    })
+                                    .collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => $pb::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error,
+                            },
+                        };
+                        (uid, entry)
+                    })
+                    .collect();
+                Ok(Response::new($pb::NodePrepareResourcesResponse { claims }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$pb::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$pb::NodeUnprepareResourcesResponse>, Status> {
+                let _in_flight = self.metrics.in_flight("unprepare");
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(ClaimRef::from)
+                    .collect();
+                let answers = self
+                    .pipeline
+                    .unprepare(claims)
+                    .await
+                    .map_err(pipeline_status)?;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, outcome)| {
+                        (
+                            uid,
+                            $pb::NodeUnprepareResourceResponse {
+                                error: outcome.err().unwrap_or_default(),
+                            },
+                        )
+                    })
+                    .collect();
+                Ok(Response::new($pb::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
+        }
+    };
+}
+
+dra_service_version!(dra_v1);
+dra_service_version!(dra_v1beta1);
+
+/// How often [`sweep_abandoned`] looks for abandoned temp files.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Until `shutdown`: removes, every [`SWEEP_EVERY`], the temp files of this
+/// driver's CDI specs and checkpoint that a killed writer left behind
+/// ([`crate::prepare::atomic::ABANDONED_AFTER`] old). A small directory listing, off
+/// the reactor.
+async fn sweep_abandoned(cdi: CdiWriter, checkpoint: CheckpointStore, shutdown: CancellationToken) {
+    loop {
+        let (cdi, checkpoint) = (cdi.clone(), checkpoint.clone());
+        let found = tokio::task::spawn_blocking(move || {
+            [
+                ("CDI spec", cdi.remove_abandoned()),
+                ("checkpoint", checkpoint.remove_abandoned()),
+            ]
+        })
+        .await;
+        for (what, found) in found.into_iter().flatten() {
+            match found {
+                Ok(files) if files.is_empty() => {}
+                Ok(files) => tracing::info!(
+                    files = ?files,
+                    "removed {what} temp files that a killed writer left unfinished"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot clear abandoned {what} temp files"),
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod socket_length_tests {
+    use super::*;
+
+    fn efa_with_root(root: &str) -> PluginSockets {
+        let mut o = PluginOptions::new("efa.networking.k8s.aws", "efa");
+        o.registrar_dir = PathBuf::from(format!("{root}/plugins_registry"));
+        o.plugins_dir = PathBuf::from(format!("{root}/plugins"));
+        o.pod_uid = Some("d1431689-5802-499d-b841-6d64da00d9d0".into());
+        o.sockets()
+    }
+
+    #[test]
+    fn per_pod_sockets_fit_under_a_kubelet_root_of_21_bytes_and_not_22() {
+        // The default root, and the longest one that fits.
+        for root in ["/var/lib/kubelet", "/var/lib/kubelet-abcd"] {
+            assert!(root.len() <= 21);
+            efa_with_root(root).check_lengths().unwrap();
+        }
+        let s = efa_with_root("/var/lib/kubelet-abcde");
+        assert_eq!(s.registration.as_os_str().len(), 108);
+        let err = s.check_lengths().unwrap_err().to_string();
+        assert!(err.contains("108 bytes"), "{err}");
+        assert!(err.contains("hostPaths.kubeletRoot"), "{err}");
+    }
+}

@@ -1,0 +1,332 @@
+//! Writes one CDI spec file per prepared claim.
+//!
+//! Layout follows the DRA conventions: vendor `k8s.<driver>`, file
+//! `<vendor>-<class>_<claimUID>.json`, device names `<claimUID>-<device>`
+//! (unique per claim, so a runtime's spec cache never serves a stale entry).
+//! `cdiVersion` is the lowest version that covers what the file uses, per the
+//! CDI spec's version table: 0.3.0 is the earliest tagged release; 0.5.0
+//! added `hostPath` on device nodes and device names starting with a digit;
+//! 0.6.0 allowed dots in the class (name segment of `kind`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+#[cfg(any(test, feature = "testing"))]
+use crate::prepare::atomic::commit;
+use crate::prepare::atomic::{Staged, remove_if_exists, stage};
+use crate::prepare::driver::{ContainerEdits, DeviceEdits};
+
+#[derive(Debug, thiserror::Error)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub enum CdiError {
+    #[error("writing CDI spec {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("removing CDI spec {path}: {source}")]
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("encoding CDI spec: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec<'a> {
+    cdi_version: &'static str,
+    kind: String,
+    devices: Vec<SpecDevice<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecDevice<'a> {
+    name: String,
+    container_edits: SpecEdits<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecEdits<'a> {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_nodes: Vec<SpecDeviceNode<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecDeviceNode<'a> {
+    path: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host_path: Option<&'a str>,
+}
+
+/// Writes and removes the CDI specs of one driver.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct CdiWriter {
+    root: PathBuf,
+    vendor: String,
+    class: String,
+}
+
+impl CdiWriter {
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn new(root: &Path, driver_name: &str, class: &str) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            vendor: format!("k8s.{driver_name}"),
+            class: class.to_string(),
+        }
+    }
+
+    /// Removes the temp files of this driver's specs that a writer killed
+    /// between staging and committing left in the CDI root (older than
+    /// 60 s); returns them.
+    pub(crate) fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
+        let prefix = format!("{}-{}_", self.vendor, self.class);
+        crate::prepare::atomic::remove_abandoned(
+            &self.root,
+            |target| target.starts_with(&prefix) && target.ends_with(".json"),
+            crate::prepare::atomic::ABANDONED_AFTER,
+        )
+    }
+
+    pub(crate) fn spec_path(&self, claim_uid: &str) -> PathBuf {
+        self.root
+            .join(format!("{}-{}_{claim_uid}.json", self.vendor, self.class))
+    }
+
+    /// The fully qualified CDI id of one device of a claim.
+    pub(crate) fn device_id(&self, claim_uid: &str, device: &str) -> String {
+        format!("{}/{}={claim_uid}-{device}", self.vendor, self.class)
+    }
+
+    /// Writes the claim's spec atomically and returns its path.
+    #[cfg(any(test, feature = "testing"))]
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn write(&self, claim_uid: &str, devices: &[DeviceEdits]) -> Result<PathBuf, CdiError> {
+        let (path, staged) = self.stage(claim_uid, devices)?;
+        commit(vec![staged]).map_err(|(path, source)| CdiError::Write { path, source })?;
+        Ok(path)
+    }
+
+    /// The claim's spec written beside its final path, to be put in place
+    /// with the checkpoint ([`crate::prepare::atomic::commit`]).
+    pub(crate) fn stage(
+        &self,
+        claim_uid: &str,
+        devices: &[DeviceEdits],
+    ) -> Result<(PathBuf, Staged), CdiError> {
+        let devices: Vec<SpecDevice<'_>> = devices
+            .iter()
+            .map(|d| SpecDevice {
+                name: format!("{claim_uid}-{}", d.device),
+                container_edits: spec_edits(&d.edits),
+            })
+            .collect();
+        let spec = Spec {
+            cdi_version: self.minimum_version(&devices),
+            kind: format!("{}/{}", self.vendor, self.class),
+            devices,
+        };
+        let bytes = serde_json::to_vec_pretty(&spec)?;
+        let path = self.spec_path(claim_uid);
+        let staged = std::fs::create_dir_all(&self.root)
+            .and_then(|()| stage(&path, &bytes))
+            .map_err(|source| CdiError::Write {
+                path: path.clone(),
+                source,
+            })?;
+        Ok((path, staged))
+    }
+
+    pub(crate) fn remove(&self, path: &Path) -> Result<(), CdiError> {
+        remove_if_exists(path).map_err(|source| CdiError::Remove {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    fn minimum_version(&self, devices: &[SpecDevice<'_>]) -> &'static str {
+        if self.class.contains('.') {
+            return "0.6.0";
+        }
+        let host_path = devices.iter().any(|d| {
+            d.container_edits
+                .device_nodes
+                .iter()
+                .any(|n| n.host_path.is_some())
+        });
+        let digit_name = devices
+            .iter()
+            .any(|d| !d.name.starts_with(|c: char| c.is_ascii_alphabetic()));
+        if host_path || digit_name {
+            "0.5.0"
+        } else {
+            "0.3.0"
+        }
+    }
+}
+
+fn spec_edits(edits: &ContainerEdits) -> SpecEdits<'_> {
+    SpecEdits {
+        env: edits.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        device_nodes: edits
+            .device_nodes
+            .iter()
+            .map(|n| SpecDeviceNode {
+                path: &n.path,
+                host_path: n.host_path.as_deref().filter(|h| *h != n.path),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prepare::driver::DeviceNode;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_killed_writers_spec_temp_file_goes_once_old_and_only_ours() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = CdiWriter::new(dir.path(), "efa.example.com", "efa");
+        let temp_files = || -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.to_string_lossy().contains(".tmp-"))
+                .collect();
+            v.sort();
+            v
+        };
+        // Killed between stage and commit: the destructor never runs.
+        let (_, staged) = writer.stage("uid-old", &[edits(None)]).unwrap();
+        std::mem::forget(staged);
+        let old = temp_files().pop().unwrap();
+        let hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(hours_ago)
+            .unwrap();
+        // A writer at work now (or another instance's, in a rolling update).
+        let (_, young) = writer.stage("uid-new", &[edits(None)]).unwrap();
+        // Another driver's, as old.
+        let other = dir.path().join(".k8s.gpu.example.com-gpu_u.json.tmp-1-1");
+        std::fs::write(&other, "{}").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&other)
+            .unwrap()
+            .set_modified(hours_ago)
+            .unwrap();
+
+        assert_eq!(
+            writer.remove_abandoned().unwrap(),
+            std::slice::from_ref(&old)
+        );
+        assert!(!old.exists());
+        assert!(other.exists());
+        assert_eq!(
+            temp_files().len(),
+            2,
+            "the young one and the other driver's"
+        );
+        drop(young);
+    }
+
+    fn edits(host: Option<&str>) -> DeviceEdits {
+        DeviceEdits {
+            device: "neuron-device-0".into(),
+            edits: ContainerEdits {
+                device_nodes: vec![DeviceNode {
+                    path: "/dev/neuron0".into(),
+                    host_path: host.map(str::to_string),
+                }],
+                env: BTreeMap::from([("NEURON_RT_VISIBLE_CORES".into(), "0-7".into())]),
+            },
+        }
+    }
+
+    fn read_with_cdi_crate(path: &Path) -> container_device_interface::spec::Spec {
+        container_device_interface::spec::read_spec(&path.to_path_buf(), 0)
+            .unwrap_or_else(|e| panic!("CDI crate rejected {}: {e:#}", path.display()))
+    }
+
+    #[test]
+    fn spec_is_accepted_by_an_independent_cdi_parser() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = CdiWriter::new(dir.path(), "neuron.aws.com", "neuron");
+        let uid = "0b7c6a58-2f3e-4f7e-9d55-0a4f0f5f1c11";
+        let path = w
+            .write(uid, &[edits(Some("/fixture/dev/neuron0"))])
+            .unwrap();
+        assert_eq!(
+            path.file_name().unwrap().to_string_lossy(),
+            format!("k8s.neuron.aws.com-neuron_{uid}.json")
+        );
+        let spec = read_with_cdi_crate(&path);
+        assert_eq!(spec.get_vendor(), "k8s.neuron.aws.com");
+        assert_eq!(spec.get_class(), "neuron");
+        let device = spec
+            .get_device(&format!("{uid}-neuron-device-0"))
+            .expect("device present");
+        assert_eq!(
+            device.get_qualified_name(),
+            w.device_id(uid, "neuron-device-0")
+        );
+        let raw: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(raw["cdiVersion"], "0.5.0");
+        assert_eq!(
+            raw["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"],
+            "/fixture/dev/neuron0"
+        );
+        w.remove(&path).unwrap();
+        assert!(!path.exists());
+        w.remove(&path).unwrap();
+    }
+
+    #[test]
+    fn version_is_the_lowest_that_covers_the_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("neuron", "abc", None, "0.3.0"),
+            ("neuron", "abc", Some("/h/dev/neuron0"), "0.5.0"),
+            ("neuron", "1bc", None, "0.5.0"),
+            ("neuron.x", "abc", None, "0.6.0"),
+        ];
+        for (class, uid, host, want) in cases {
+            let w = CdiWriter::new(dir.path(), "neuron.aws.com", class);
+            let path = w.write(uid, &[edits(host)]).unwrap();
+            read_with_cdi_crate(&path);
+            let mut raw: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            assert_eq!(
+                raw["cdiVersion"], want,
+                "class {class} uid {uid} host {host:?}"
+            );
+            // One version lower is rejected by the independent parser.
+            let lower = match want {
+                "0.6.0" => "0.5.0",
+                "0.5.0" => "0.4.0",
+                _ => continue,
+            };
+            raw["cdiVersion"] = lower.into();
+            std::fs::write(&path, serde_json::to_vec(&raw).unwrap()).unwrap();
+            assert!(
+                container_device_interface::spec::read_spec(&path, 0).is_err(),
+                "{lower} accepted for class {class} uid {uid} host {host:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! The plugin's record of prepared claims, the source of truth for unprepare.
+//!
+//! A versioned JSON file in the plugin data directory, replaced atomically
+//! and re-read on every call (a second plugin instance may have changed it).
+//! It holds per claim everything unprepare needs without the API server.
+//! A different boot id means the node rebooted: nothing is prepared any more
+//! (CDI specs under /var/run are gone, kubelet prepares again), so the old
+//! entries are dropped. A file we cannot parse is moved aside, logged and
+//! counted, and we start empty: a crash loop would take all devices down.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::prepare::atomic::{Staged, commit, remove_if_exists, stage};
+use crate::prepare::driver::PreparedDevice;
+use crate::prepare::metrics::PluginMetrics;
+
+/// The on-disk format version this code writes and reads.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub const CHECKPOINT_VERSION: u32 = 1;
+
+/// A claim as prepared on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(
+    not(any(feature = "testing", feature = "fuzzing")),
+    allow(unreachable_pub)
+)]
+pub struct PreparedClaim {
+    pub namespace: String,
+    pub name: String,
+    pub devices: Vec<PreparedDevice>,
+    pub cdi_spec_path: PathBuf,
+}
+
+/// All prepared claims, keyed by claim UID.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[cfg_attr(
+    not(any(feature = "testing", feature = "fuzzing")),
+    allow(unreachable_pub)
+)]
+pub struct Checkpoint {
+    pub version: u32,
+    pub boot_id: String,
+    pub claims: BTreeMap<String, PreparedClaim>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[cfg_attr(
+    not(any(feature = "testing", feature = "fuzzing")),
+    allow(unreachable_pub)
+)]
+pub enum CheckpointError {
+    #[error("reading checkpoint {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing checkpoint {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("moving corrupt checkpoint {path} aside: {source}")]
+    MoveAside {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("encoding checkpoint: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// Reads and writes the checkpoint file.
+#[derive(Clone)]
+#[cfg_attr(
+    not(any(feature = "testing", feature = "fuzzing")),
+    allow(unreachable_pub)
+)]
+pub struct CheckpointStore {
+    path: PathBuf,
+    boot_id_path: PathBuf,
+    /// The only directory whose files a stale checkpoint may have removed.
+    cdi_root: PathBuf,
+    metrics: PluginMetrics,
+}
+
+impl CheckpointStore {
+    /// `cdi_root`: where this driver writes its CDI specs; after a reboot,
+    /// only spec paths under it are removed, whatever the checkpoint says.
+    #[cfg_attr(
+        not(any(feature = "testing", feature = "fuzzing")),
+        allow(unreachable_pub)
+    )]
+    pub fn new(
+        data_dir: &Path,
+        boot_id_path: PathBuf,
+        cdi_root: PathBuf,
+        metrics: PluginMetrics,
+    ) -> Self {
+        Self {
+            path: data_dir.join("checkpoint.json"),
+            boot_id_path,
+            cdi_root,
+            metrics,
+        }
+    }
+
+    /// Whether `path` lies in the CDI root (lexically: under it, no `..`).
+    fn is_ours(&self, path: &Path) -> bool {
+        path.starts_with(&self.cdi_root)
+            && !path
+                .components()
+                .any(|c| c == std::path::Component::ParentDir)
+    }
+
+    #[cfg(any(test, feature = "testing", feature = "fuzzing"))]
+    #[cfg_attr(
+        not(any(feature = "testing", feature = "fuzzing")),
+        allow(unreachable_pub)
+    )]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the checkpoint's temp files that a writer killed between
+    /// staging and committing left (older than
+    /// 60 s); returns them.
+    pub(crate) fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
+        let (Some(dir), Some(name)) = (self.path.parent(), self.path.file_name()) else {
+            return Ok(Vec::new());
+        };
+        crate::prepare::atomic::remove_abandoned(
+            dir,
+            |target| std::ffi::OsStr::new(target) == name,
+            crate::prepare::atomic::ABANDONED_AFTER,
+        )
+    }
+
+    fn boot_id(&self) -> String {
+        match std::fs::read_to_string(&self.boot_id_path) {
+            Ok(id) => id.trim().to_string(),
+            Err(e) => {
+                // Without a boot id we cannot detect reboots; keep working.
+                tracing::warn!(path = %self.boot_id_path.display(), error = %e, "cannot read boot id");
+                String::new()
+            }
+        }
+    }
+
+    /// Sets the prepared gauges from what `checkpoint` records.
+    fn count_prepared(&self, checkpoint: &Checkpoint) {
+        let devices = checkpoint.claims.values().map(|c| c.devices.len()).sum();
+        self.metrics.prepared(checkpoint.claims.len(), devices);
+    }
+
+    /// The current checkpoint; empty when there is none, when it is from an
+    /// earlier boot, or when it was corrupt (then moved aside). Sets the
+    /// prepared gauges from it.
+    #[cfg_attr(
+        not(any(feature = "testing", feature = "fuzzing")),
+        allow(unreachable_pub)
+    )]
+    pub fn load(&self) -> Result<Checkpoint, CheckpointError> {
+        let checkpoint = self.read_current()?;
+        self.count_prepared(&checkpoint);
+        Ok(checkpoint)
+    }
+
+    fn read_current(&self) -> Result<Checkpoint, CheckpointError> {
+        let boot_id = self.boot_id();
+        let empty = Checkpoint {
+            version: CHECKPOINT_VERSION,
+            boot_id: boot_id.clone(),
+            claims: BTreeMap::new(),
+        };
+        let bytes = match std::fs::read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(empty),
+            Err(source) => {
+                return Err(CheckpointError::Read {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
+        let parsed = serde_json::from_slice::<Checkpoint>(&bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|c| {
+                if c.version == CHECKPOINT_VERSION {
+                    Ok(c)
+                } else {
+                    Err(format!(
+                        "unsupported version {} (this build reads {CHECKPOINT_VERSION})",
+                        c.version
+                    ))
+                }
+            });
+        let checkpoint = match parsed {
+            Ok(c) => c,
+            Err(reason) => {
+                let aside = self.move_aside()?;
+                self.metrics.checkpoint_error("corrupt");
+                tracing::error!(
+                    path = %self.path.display(),
+                    moved_to = %aside.display(),
+                    reason,
+                    "checkpoint is corrupt; moved aside, starting with no prepared claims"
+                );
+                return Ok(empty);
+            }
+        };
+        if checkpoint.boot_id != boot_id {
+            tracing::info!(
+                old_boot_id = checkpoint.boot_id,
+                boot_id,
+                claims = checkpoint.claims.len(),
+                "node rebooted since the checkpoint was written; forgetting prepared claims"
+            );
+            for claim in checkpoint.claims.values() {
+                // A checkpoint is a file on the node: never let one that was
+                // tampered with (or written for another CDI root) make the
+                // driver delete files elsewhere.
+                if !self.is_ours(&claim.cdi_spec_path) {
+                    tracing::warn!(
+                        path = %claim.cdi_spec_path.display(),
+                        cdi_root = %self.cdi_root.display(),
+                        "stale checkpoint names a CDI spec outside the CDI root; not removing it"
+                    );
+                    continue;
+                }
+                if let Err(e) = remove_if_exists(&claim.cdi_spec_path) {
+                    tracing::warn!(path = %claim.cdi_spec_path.display(), error = %e, "cannot remove stale CDI spec");
+                }
+            }
+            self.save(&empty)?;
+            return Ok(empty);
+        }
+        Ok(checkpoint)
+    }
+
+    fn move_aside(&self) -> Result<PathBuf, CheckpointError> {
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let aside = self.path.with_extension(format!("json.corrupt-{stamp}"));
+        std::fs::rename(&self.path, &aside).map_err(|source| CheckpointError::MoveAside {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(aside)
+    }
+
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn save(&self, checkpoint: &Checkpoint) -> Result<(), CheckpointError> {
+        self.save_with(checkpoint, Vec::new())
+    }
+
+    /// Saves the checkpoint together with `before` (CDI specs it names):
+    /// those are renamed first, so the checkpoint never names a spec that
+    /// is not there, and the disk is waited on twice for all of them.
+    pub(crate) fn save_with(
+        &self,
+        checkpoint: &Checkpoint,
+        mut before: Vec<Staged>,
+    ) -> Result<(), CheckpointError> {
+        let bytes = serde_json::to_vec_pretty(checkpoint)?;
+        let failed = |path: PathBuf, source| {
+            self.metrics.checkpoint_error("write");
+            CheckpointError::Write { path, source }
+        };
+        before.push(stage(&self.path, &bytes).map_err(|e| failed(self.path.clone(), e))?);
+        commit(before).map_err(|(path, e)| failed(path, e))?;
+        self.count_prepared(checkpoint);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path, boot: &str) -> (CheckpointStore, prometheus::Registry) {
+        let boot_path = dir.join("boot_id");
+        std::fs::write(&boot_path, format!("{boot}\n")).unwrap();
+        let registry = prometheus::Registry::new();
+        let metrics = PluginMetrics::register(&registry).unwrap();
+        (
+            CheckpointStore::new(dir, boot_path, dir.join("cdi"), metrics),
+            registry,
+        )
+    }
+
+    fn sample(spec: PathBuf) -> PreparedClaim {
+        PreparedClaim {
+            namespace: "ns".into(),
+            name: "c".into(),
+            devices: vec![PreparedDevice {
+                request_names: vec!["req".into()],
+                pool: "node".into(),
+                device: "dev-0".into(),
+                admin_access: false,
+                cdi_device_ids: vec!["k8s.x/y=uid-dev-0".into()],
+            }],
+            cdi_spec_path: spec,
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = store(dir.path(), "boot-a");
+        let mut c = s.load().unwrap();
+        assert!(c.claims.is_empty());
+        c.claims
+            .insert("uid".into(), sample(dir.path().join("spec.json")));
+        s.save(&c).unwrap();
+        assert_eq!(s.load().unwrap(), c);
+    }
+
+    /// The prepared gauges follow every save, and a fresh store (a driver
+    /// restart) reads them back from the file; a reboot zeroes them.
+    #[test]
+    fn prepared_gauges_follow_the_checkpoint() {
+        let gauges = |registry: &prometheus::Registry| {
+            let text = crate::prepare::metrics::tests::render(registry);
+            let value = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                    .and_then(|v| v.parse::<i64>().ok())
+            };
+            (
+                value("aws_dra_checkpoint_claims"),
+                value("aws_dra_checkpoint_devices"),
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (s, registry) = store(dir.path(), "boot-a");
+        let mut c = s.load().unwrap();
+        assert_eq!(gauges(&registry), (Some(0), Some(0)));
+        let mut two = sample(dir.path().join("cdi/a.json"));
+        two.devices.push(two.devices[0].clone());
+        two.devices[1].device = "dev-1".into();
+        c.claims.insert("a".into(), two);
+        c.claims
+            .insert("b".into(), sample(dir.path().join("cdi/b.json")));
+        s.save(&c).unwrap();
+        assert_eq!(gauges(&registry), (Some(2), Some(3)));
+        c.claims.remove("a");
+        s.save(&c).unwrap();
+        assert_eq!(gauges(&registry), (Some(1), Some(1)));
+
+        let (restarted, registry) = store(dir.path(), "boot-a");
+        assert_eq!(gauges(&registry), (Some(0), Some(0)));
+        restarted.load().unwrap();
+        assert_eq!(gauges(&registry), (Some(1), Some(1)));
+
+        let (rebooted, registry) = store(dir.path(), "boot-b");
+        rebooted.load().unwrap();
+        assert_eq!(gauges(&registry), (Some(0), Some(0)));
+    }
+
+    #[test]
+    fn boot_id_change_removes_only_specs_under_the_cdi_root() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
+        let (s, _) = store(dir.path(), "boot-a");
+        let victims = [
+            dir.path().join("elsewhere.json"),
+            dir.path().join("cdi/../escaped.json"),
+        ];
+        let mut c = s.load().unwrap();
+        for (i, v) in victims.iter().enumerate() {
+            std::fs::write(dir.path().join(v.file_name().unwrap()), "keep").unwrap();
+            c.claims.insert(format!("uid-{i}"), sample(v.clone()));
+        }
+        s.save(&c).unwrap();
+        let (s2, _) = store(dir.path(), "boot-b");
+        assert!(s2.load().unwrap().claims.is_empty());
+        for v in &victims {
+            let on_disk = dir.path().join(v.file_name().unwrap());
+            assert_eq!(
+                std::fs::read_to_string(&on_disk).unwrap(),
+                "keep",
+                "{}",
+                v.display()
+            );
+        }
+    }
+
+    #[test]
+    fn boot_id_change_forgets_claims_and_their_specs() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
+        let (s, _) = store(dir.path(), "boot-a");
+        let spec = dir.path().join("cdi/spec.json");
+        std::fs::write(&spec, "{}").unwrap();
+        let mut c = s.load().unwrap();
+        c.claims.insert("uid".into(), sample(spec.clone()));
+        s.save(&c).unwrap();
+        let (s2, _) = store(dir.path(), "boot-b");
+        let loaded = s2.load().unwrap();
+        assert!(loaded.claims.is_empty());
+        assert_eq!(loaded.boot_id, "boot-b");
+        assert!(!spec.exists());
+    }
+
+    #[test]
+    fn corrupt_file_is_moved_aside_and_counted() {
+        for garbage in [
+            "{not json",
+            r#"{"version":99,"bootId":"boot-a","claims":{}}"#,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let (s, registry) = store(dir.path(), "boot-a");
+            std::fs::write(s.path(), garbage).unwrap();
+            let loaded = s.load().unwrap();
+            assert!(loaded.claims.is_empty());
+            assert!(!s.path().exists());
+            let aside: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().contains("corrupt"))
+                .collect();
+            assert_eq!(aside.len(), 1);
+            assert_eq!(std::fs::read_to_string(aside[0].path()).unwrap(), garbage);
+            let text = crate::prepare::metrics::tests::render(&registry);
+            assert!(
+                text.contains("aws_dra_checkpoint_errors_total{reason=\"corrupt\"} 1"),
+                "{text}"
+            );
+        }
+    }
+}

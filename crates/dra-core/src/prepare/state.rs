@@ -1,0 +1,587 @@
+//! The prepare/unprepare pipeline behind both DRA service versions.
+//!
+//! Prepare: GET every claim (before taking the lock, so a slow API server
+//! does not hold up unprepare), then under the data-dir lock re-read the
+//! checkpoint and, per claim: answer from the checkpoint if already prepared
+//! (idempotent; how shared claims work), else resolve the claim into our
+//! devices ([`crate::prepare::resolve`]: UID, allocation, opaque config, the
+//! double-allocation guard), call the driver, write the CDI spec, record the
+//! claim.
+//! Unprepare works from the checkpoint alone. Failures are per claim; only
+//! lock or checkpoint I/O failures fail the whole call.
+//!
+//! Concurrent calls (a burst of pods on one node) are served by group
+//! commit ([`group`]): the calls queued while one holds the lock are served
+//! together in one pass, with one checkpoint read and one commit of every
+//! CDI spec and the checkpoint, and none is answered before that commit.
+//!
+//! Device reuse: when a pod is force-deleted, its claim can be released and
+//! its device allocated to the next claim on the node before kubelet has
+//! unprepared the old claim. Refusing at once made kubelet back off for
+//! about 84 s. Instead a claim whose device another claim (not one of this
+//! call) still holds waits up to `release_wait` for that unprepare: the lock
+//! is released while it waits, every unprepare of this process wakes it, and
+//! it re-checks every [`RELEASE_POLL`] for an unprepare by another process
+//! (seamless upgrade). Each check is made under the lock on a freshly read
+//! checkpoint, so a device is never prepared for two claims at once; if the
+//! holder is still there at the bound, the refusal is the one it always was.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::{Notify, oneshot};
+
+use crate::prepare::atomic::Staged;
+use crate::prepare::cdi::CdiWriter;
+use crate::prepare::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, PreparedClaim};
+use crate::prepare::claims::{ClaimSource, ClaimSourceError};
+use crate::prepare::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, PreparedDevice};
+use crate::prepare::lock::{DataDirLock, LockError};
+use crate::prepare::metrics::PluginMetrics;
+use crate::prepare::resolve::{ResolveError, resolve_claim_with};
+
+pub(crate) mod group;
+use group::{CallInput, Done, Work};
+
+/// How often a prepare that waits for a device's release re-reads the
+/// checkpoint, for an unprepare made by another plugin instance (those of
+/// this process wake it at once).
+pub(crate) const RELEASE_POLL: Duration = Duration::from_millis(100);
+
+/// Why a whole call failed (kubelet then ignores the response and retries).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PipelineError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The group commit that served this call failed (the leader's error).
+    #[error("{0}")]
+    Group(String),
+}
+
+/// Per-claim answer of prepare: the devices, or an actionable message.
+pub(crate) type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
+
+/// Why one claim was not prepared in one pass.
+enum Refusal {
+    /// Another claim (`holder_uid`) holds one of its devices; worth waiting
+    /// for unless that claim is part of the same call.
+    Held { holder_uid: String, message: String },
+    /// Anything else: final.
+    Final(String),
+}
+
+pub(crate) struct ClaimPipeline<D: Driver> {
+    pub(crate) driver_name: String,
+    /// This node's pool; `None`: any (see `PluginOptions::pool`).
+    pub(crate) pool: Option<String>,
+    pub(crate) driver: Arc<D>,
+    pub(crate) claims: Arc<dyn ClaimSource>,
+    pub(crate) cdi: CdiWriter,
+    pub(crate) checkpoint: CheckpointStore,
+    pub(crate) lock: DataDirLock,
+    pub(crate) metrics: PluginMetrics,
+    /// How long a prepare waits for a held device's release before refusing.
+    pub(crate) release_wait: Duration,
+    /// Woken after every unprepare that removed claims from the checkpoint.
+    pub(crate) released: Notify,
+    /// Work of concurrent calls waiting for the next group commit.
+    pub(crate) group: group::Queue,
+}
+
+impl<D: Driver> ClaimPipeline<D> {
+    pub(crate) async fn prepare(
+        &self,
+        requested: Vec<ClaimRef>,
+    ) -> Result<BTreeMap<String, PrepareOutcome>, PipelineError> {
+        let call_started = Instant::now();
+        let fetched: Vec<Result<Option<ResourceClaim>, ClaimSourceError>> = join_all(
+            requested
+                .iter()
+                .map(|c| self.claims.get(&c.namespace, &c.name)),
+        )
+        .await;
+
+        let called = Instant::now();
+        let get_seconds = called.duration_since(call_started).as_secs_f64();
+        let call = Arc::new(CallInput { requested, fetched });
+        let requested = &call.requested;
+        let mut timings = PassTimings::default();
+        let deadline = tokio::time::Instant::now() + self.release_wait;
+        let mut answers = BTreeMap::new();
+        // Indices into `requested` of the claims still waiting for a device.
+        let mut pending: Vec<usize> = (0..requested.len()).collect();
+        let mut waited = false;
+        loop {
+            // Registered before the pass takes the lock: an unprepare that
+            // runs after the pass (it needs the lock) is never missed.
+            let released = self.released.notified();
+            let last_pass = tokio::time::Instant::now() >= deadline;
+            let work = Work::Prepare {
+                call: call.clone(),
+                pending: pending.clone(),
+                last_pass,
+                waited_since: waited.then_some(called),
+            };
+            let Done::Prepare(waiting) = self.submit(work).await? else {
+                unreachable!("a prepare job is answered with a prepare pass")
+            };
+            timings.add(&waiting.timings);
+            for (index, outcome) in waiting.answered {
+                answers.insert(requested[index].uid.clone(), outcome);
+            }
+            if waiting.held.is_empty() {
+                break;
+            }
+            if !waited {
+                for (index, holder_uid) in &waiting.held {
+                    let claim = &requested[*index];
+                    tracing::info!(
+                        claim_uid = claim.uid,
+                        claim = %format!("{}/{}", claim.namespace, claim.name),
+                        holder_uid,
+                        wait_seconds = self.release_wait.as_secs_f64(),
+                        "a device of this claim is still prepared for another claim; waiting for its unprepare"
+                    );
+                }
+            }
+            waited = true;
+            pending = waiting.held.into_iter().map(|(index, _)| index).collect();
+            let poll = tokio::time::Instant::now() + RELEASE_POLL;
+            tokio::select! {
+                () = released => {}
+                () = tokio::time::sleep_until(poll.min(deadline)) => {}
+            }
+        }
+        // Where the time of one call went, for latency work (kubelet
+        // measures the whole call; the per-claim line above only the claim).
+        tracing::debug!(
+            claims = requested.len(),
+            get_seconds,
+            lock_seconds = timings.lock,
+            load_seconds = timings.load,
+            claims_seconds = timings.claims,
+            save_seconds = timings.save,
+            total_seconds = call_started.elapsed().as_secs_f64(),
+            "prepare call timings"
+        );
+        Ok(answers)
+    }
+
+    /// Serves `work` in the next group commit (see [`group`]): queues it,
+    /// takes the lock, and either finds it answered by the group that took
+    /// it or leads a group itself.
+    async fn submit(&self, work: Work) -> Result<Done, PipelineError> {
+        loop {
+            let (id, mut answer) = self.group.push(work.clone());
+            let guard = match self.lock.lock().await {
+                Ok(guard) => guard,
+                Err(e) if self.group.withdraw(id) => return Err(e.into()),
+                // A leader took the job while this call waited for the lock.
+                Err(_) => match answer.await {
+                    Ok(done) => return done.map_err(PipelineError::Group),
+                    Err(_) => continue,
+                },
+            };
+            match answer.try_recv() {
+                Ok(done) => return done.map_err(PipelineError::Group),
+                // Its leader was dropped half-way: queue the work again.
+                Err(oneshot::error::TryRecvError::Closed) => continue,
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            let jobs = self.group.take_all();
+            let result = self.run_group(&jobs).await;
+            let mut mine = None;
+            match result {
+                Ok(done) => {
+                    for (job, done) in jobs.into_iter().zip(done) {
+                        if job.id == id {
+                            mine = Some(Ok(done));
+                        } else {
+                            let _ = job.reply.send(Ok(done));
+                        }
+                    }
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    for job in jobs.into_iter().filter(|j| j.id != id) {
+                        let _ = job.reply.send(Err(message.clone()));
+                    }
+                    mine = Some(Err(e));
+                }
+            }
+            drop(guard);
+            return mine.expect("the leader's own job is in its group");
+        }
+    }
+
+    /// One group under the lock: every job against one checkpoint read,
+    /// then one commit of every CDI spec and the checkpoint.
+    async fn run_group(&self, jobs: &[group::Job]) -> Result<Vec<Done>, PipelineError> {
+        let started = Instant::now();
+        crate::prepare::crash::group_size(jobs.len());
+        let mut checkpoint = self.checkpoint.load()?;
+        let load = started.elapsed().as_secs_f64();
+        let mut changed = false;
+        let mut released = false;
+        // CDI specs written for this group, put in place with the checkpoint.
+        let mut specs = Vec::new();
+        let mut done = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            done.push(match &job.work {
+                Work::Prepare {
+                    call,
+                    pending,
+                    last_pass,
+                    waited_since,
+                } => {
+                    let claims_started = Instant::now();
+                    let mut pass = self
+                        .prepare_claims(
+                            call,
+                            pending,
+                            *last_pass,
+                            *waited_since,
+                            &mut checkpoint,
+                            &mut specs,
+                            &mut changed,
+                        )
+                        .await;
+                    pass.timings.lock = started.duration_since(job.queued).as_secs_f64();
+                    pass.timings.load = load;
+                    pass.timings.claims = claims_started.elapsed().as_secs_f64();
+                    Done::Prepare(pass)
+                }
+                Work::Unprepare { requested } => {
+                    let answers = self
+                        .unprepare_claims(requested, &mut checkpoint, &mut released)
+                        .await;
+                    Done::Unprepare(answers)
+                }
+            });
+        }
+        crate::prepare::crash::point("group:served");
+        let saving = Instant::now();
+        if changed || released {
+            self.checkpoint.save_with(&checkpoint, specs)?;
+        }
+        crate::prepare::crash::point("group:committed");
+        let save = saving.elapsed().as_secs_f64();
+        for d in &mut done {
+            if let Done::Prepare(pass) = d {
+                pass.timings.save = save;
+            }
+        }
+        self.metrics.commit_group(jobs.len());
+        if jobs.len() > 1 {
+            tracing::debug!(
+                calls = jobs.len(),
+                seconds = started.elapsed().as_secs_f64(),
+                "group commit"
+            );
+        }
+        if released {
+            self.released.notify_waiters();
+        }
+        Ok(done)
+    }
+
+    /// One prepare pass over the claims at `pending` of `call`, against the
+    /// group's checkpoint: answers, and the claims held by another claim
+    /// that are worth another pass (none when `last_pass`). `waited_since`:
+    /// when the call began, once it has waited (the claims' durations then
+    /// include the wait).
+    #[allow(clippy::too_many_arguments)]
+    async fn prepare_claims(
+        &self,
+        call: &CallInput,
+        pending: &[usize],
+        last_pass: bool,
+        waited_since: Option<Instant>,
+        checkpoint: &mut Checkpoint,
+        specs: &mut Vec<Staged>,
+        changed: &mut bool,
+    ) -> Pass {
+        let (requested, fetched) = (&call.requested, &call.fetched);
+        let mut pass = Pass::default();
+        for &index in pending {
+            let claim = &requested[index];
+            let started = waited_since.unwrap_or_else(Instant::now);
+            // Whether the claim is refused because the device stayed held.
+            let mut still_held = false;
+            let outcome = match checkpoint.claims.get(&claim.uid) {
+                Some(done) if spec_in_place(done) => Ok(done.devices.clone()),
+                _ => match self.prepare_one(claim, &fetched[index], checkpoint).await {
+                    Ok((prepared, spec)) => {
+                        let devices = prepared.devices.clone();
+                        checkpoint.claims.insert(claim.uid.clone(), prepared);
+                        specs.extend(spec);
+                        *changed = true;
+                        Ok(devices)
+                    }
+                    // A claim of this same call will not be unprepared
+                    // while we wait: refuse at once.
+                    Err(Refusal::Held { holder_uid, .. })
+                        if !last_pass && !requested.iter().any(|c| c.uid == holder_uid) =>
+                    {
+                        pass.held.push((index, holder_uid));
+                        continue;
+                    }
+                    Err(Refusal::Held { message, .. }) => {
+                        still_held = true;
+                        Err(message)
+                    }
+                    Err(Refusal::Final(message)) => Err(message),
+                },
+            };
+            if waited_since.is_some() {
+                self.metrics.release_wait_done(!still_held);
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            self.metrics.claim_done("prepare", outcome.is_ok(), seconds);
+            match &outcome {
+                Ok(devices) => tracing::info!(
+                    claim_uid = claim.uid,
+                    claim = %format!("{}/{}", claim.namespace, claim.name),
+                    devices = devices.len(),
+                    seconds,
+                    waited = waited_since.is_some(),
+                    result = "success",
+                    "prepare"
+                ),
+                Err(error) => tracing::warn!(
+                    claim_uid = claim.uid,
+                    claim = %format!("{}/{}", claim.namespace, claim.name),
+                    error,
+                    seconds,
+                    waited = waited_since.is_some(),
+                    result = "error",
+                    "prepare"
+                ),
+            }
+            pass.answered.push((index, outcome));
+        }
+        pass
+    }
+
+    async fn prepare_one(
+        &self,
+        claim: &ClaimRef,
+        fetched: &Result<Option<ResourceClaim>, ClaimSourceError>,
+        checkpoint: &Checkpoint,
+    ) -> Result<(PreparedClaim, Option<Staged>), Refusal> {
+        let who = format!("ResourceClaim {}/{}", claim.namespace, claim.name);
+        let object = fetched.as_ref().map_err(|e| {
+            Refusal::Final(format!(
+                "{e}; the API server must be reachable to prepare a claim"
+            ))
+        })?;
+        let occupies = |device: &str| self.driver.occupies(device);
+        let resolved = resolve_claim_with::<D::Config>(
+            &self.driver_name,
+            self.pool.as_deref(),
+            claim,
+            object.as_ref(),
+            &checkpoint.claims,
+            &occupies,
+        )
+        .map_err(|e| match e {
+            ResolveError::DeviceHeld { ref holder_uid, .. } => Refusal::Held {
+                holder_uid: holder_uid.clone(),
+                message: e.to_string(),
+            },
+            other => Refusal::Final(other.to_string()),
+        })?;
+        let (allocated, request_names): (Vec<_>, Vec<_>) = resolved
+            .into_iter()
+            .map(|d| (d.allocated, d.request_names))
+            .unzip();
+
+        let edits = self
+            .driver
+            .prepare(claim, &allocated)
+            .await
+            .map_err(|e| Refusal::Final(format!("{who}: preparing devices failed: {e}")))?;
+        check_edits(&allocated, &edits)
+            .map_err(|e| Refusal::Final(format!("{who}: driver bug: {e}")))?;
+
+        // Spec devices in allocation order, whatever order the driver used.
+        let ordered: Vec<DeviceEdits> = allocated
+            .iter()
+            .filter_map(|a| edits.iter().find(|e| e.device == a.device).cloned())
+            .collect();
+        let (spec_path, spec) = if ordered.is_empty() {
+            (self.cdi.spec_path(&claim.uid), None)
+        } else {
+            let (path, staged) = self
+                .cdi
+                .stage(&claim.uid, &ordered)
+                .map_err(|e| Refusal::Final(format!("{who}: {e}")))?;
+            (path, Some(staged))
+        };
+
+        let devices = allocated
+            .iter()
+            .zip(request_names)
+            .map(|(a, request_names)| PreparedDevice {
+                request_names,
+                pool: a.pool.clone(),
+                device: a.device.clone(),
+                admin_access: a.admin_access,
+                cdi_device_ids: vec![self.cdi.device_id(&claim.uid, &a.device)],
+            })
+            .collect();
+        let prepared = PreparedClaim {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            devices,
+            cdi_spec_path: spec_path,
+        };
+        Ok((prepared, spec))
+    }
+
+    pub(crate) async fn unprepare(
+        &self,
+        requested: Vec<ClaimRef>,
+    ) -> Result<BTreeMap<String, Result<(), String>>, PipelineError> {
+        let work = Work::Unprepare {
+            requested: Arc::new(requested),
+        };
+        let Done::Unprepare(answers) = self.submit(work).await? else {
+            unreachable!("an unprepare job is answered with unprepare's answers")
+        };
+        Ok(answers)
+    }
+
+    /// Unprepares `requested` against the group's checkpoint; `released`
+    /// is set when a claim left it.
+    async fn unprepare_claims(
+        &self,
+        requested: &[ClaimRef],
+        checkpoint: &mut Checkpoint,
+        released: &mut bool,
+    ) -> BTreeMap<String, Result<(), String>> {
+        let mut answers = BTreeMap::new();
+        for claim in requested {
+            let started = Instant::now();
+            let outcome = match checkpoint.claims.get(&claim.uid) {
+                // Unknown: never prepared here, already unprepared, or
+                // prepared before a checkpoint was lost (found corrupt and
+                // moved aside). In that last case a spec under this claim's
+                // name may still be there: nothing else would ever remove it.
+                None => self
+                    .cdi
+                    .remove(&self.cdi.spec_path(&claim.uid))
+                    .map_err(|e| format!("unpreparing claim {claim}: {e}")),
+                Some(prepared) => {
+                    let result = async {
+                        self.driver
+                            .unprepare(claim, &prepared.devices)
+                            .await
+                            .map_err(|e| format!("unpreparing claim {claim}: {e}"))?;
+                        self.cdi
+                            .remove(&prepared.cdi_spec_path)
+                            .map_err(|e| format!("unpreparing claim {claim}: {e}"))
+                    }
+                    .await;
+                    if result.is_ok() {
+                        checkpoint.claims.remove(&claim.uid);
+                        *released = true;
+                    }
+                    result
+                }
+            };
+            let seconds = started.elapsed().as_secs_f64();
+            self.metrics
+                .claim_done("unprepare", outcome.is_ok(), seconds);
+            match &outcome {
+                Ok(()) => tracing::info!(
+                    claim_uid = claim.uid,
+                    seconds,
+                    result = "success",
+                    "unprepare"
+                ),
+                Err(error) => tracing::warn!(
+                    claim_uid = claim.uid,
+                    error,
+                    seconds,
+                    result = "error",
+                    "unprepare"
+                ),
+            }
+            answers.insert(claim.uid.clone(), outcome);
+        }
+        answers
+    }
+}
+
+/// Whether a claim the checkpoint has is really prepared: its CDI spec is
+/// there (a claim without devices of ours has none). The spec is renamed
+/// into place before the checkpoint, but only the journal keeps that order
+/// across a crash; should a spec be missing, the claim is prepared again
+/// rather than answered with CDI ids the runtime cannot find.
+fn spec_in_place(prepared: &PreparedClaim) -> bool {
+    prepared.devices.is_empty() || prepared.cdi_spec_path.exists()
+}
+
+/// What one prepare pass came to.
+#[derive(Default)]
+struct Pass {
+    answered: Vec<(usize, PrepareOutcome)>,
+    /// Claims whose device another claim holds, with that claim's UID.
+    held: Vec<(usize, String)>,
+    timings: PassTimings,
+}
+
+/// Seconds spent in each step of a pass (summed over passes for a call).
+#[derive(Default)]
+struct PassTimings {
+    /// Waiting for the group that served the pass (the lock, and the
+    /// calls queued before it in that group).
+    lock: f64,
+    /// Reading the checkpoint (and the boot id), once per group.
+    load: f64,
+    /// Resolving, the driver, the CDI specs of this call's claims.
+    claims: f64,
+    /// Writing the checkpoint, once per group.
+    save: f64,
+}
+
+impl PassTimings {
+    fn add(&mut self, other: &PassTimings) {
+        self.lock += other.lock;
+        self.load += other.load;
+        self.claims += other.claims;
+        self.save += other.save;
+    }
+}
+
+fn check_edits<C>(allocated: &[AllocatedDevice<C>], edits: &[DeviceEdits]) -> Result<(), String> {
+    for e in edits {
+        if !allocated.iter().any(|a| a.device == e.device) {
+            return Err(format!(
+                "edits for device {:?} which was not allocated",
+                e.device
+            ));
+        }
+        if e.edits.is_empty() {
+            return Err(format!(
+                "no container edits for device {:?} (CDI needs at least one)",
+                e.device
+            ));
+        }
+    }
+    for a in allocated {
+        if !edits.iter().any(|e| e.device == a.device) {
+            return Err(format!("no container edits for device {:?}", a.device));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

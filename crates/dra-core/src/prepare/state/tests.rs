@@ -1,0 +1,636 @@
+//! The pipeline's device-reuse wait, driven directly (no sockets): a claim
+//! whose device is still prepared for another claim waits for that claim's
+//! unprepare, without the lock, up to the bound; the device is never
+//! prepared for two claims at once.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
+};
+
+use super::*;
+use crate::prepare::claims::InMemoryClaimSource;
+use crate::prepare::config::InvalidValue;
+use crate::prepare::driver::{ContainerEdits, DeviceNode, DriverError};
+
+const DRIVER: &str = "test.example.com";
+
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+struct NoConfig {}
+
+impl crate::prepare::config::DriverConfig for NoConfig {
+    const API_VERSIONS: &'static [&'static str] = &["test.example.com/v1"];
+    const KIND: &'static str = "NoConfig";
+    fn validate(&self) -> Result<(), InvalidValue> {
+        Ok(())
+    }
+}
+
+/// Tracks which claim each device is prepared for, as the hardware would
+/// see it, and records every time a device was prepared while another
+/// claim still had it.
+#[derive(Clone, Default)]
+struct ExclusiveDriver {
+    holders: Arc<Mutex<BTreeMap<String, String>>>,
+    violations: Arc<Mutex<Vec<String>>>,
+    prepares: Arc<Mutex<Vec<String>>>,
+    /// How long each prepare takes (as hardware set-up would).
+    delay: Duration,
+}
+
+impl Driver for ExclusiveDriver {
+    type Config = NoConfig;
+
+    async fn prepare(
+        &self,
+        claim: &ClaimRef,
+        devices: &[AllocatedDevice<NoConfig>],
+    ) -> Result<Vec<DeviceEdits>, DriverError> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.prepares.lock().unwrap().push(claim.uid.clone());
+        let mut holders = self.holders.lock().unwrap();
+        for d in devices {
+            if let Some(other) = holders.insert(d.device.clone(), claim.uid.clone())
+                && other != claim.uid
+            {
+                self.violations.lock().unwrap().push(format!(
+                    "{} prepared for {} while {other} held it",
+                    d.device, claim.uid
+                ));
+            }
+        }
+        Ok(devices
+            .iter()
+            .map(|d| DeviceEdits {
+                device: d.device.clone(),
+                edits: ContainerEdits {
+                    device_nodes: vec![DeviceNode {
+                        path: format!("/dev/{}", d.device),
+                        host_path: None,
+                    }],
+                    env: BTreeMap::new(),
+                },
+            })
+            .collect())
+    }
+
+    async fn unprepare(
+        &self,
+        claim: &ClaimRef,
+        devices: &[PreparedDevice],
+    ) -> Result<(), DriverError> {
+        let mut holders = self.holders.lock().unwrap();
+        for d in devices {
+            if holders.get(&d.device) == Some(&claim.uid) {
+                holders.remove(&d.device);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn pipeline(
+    dir: &Path,
+    driver: &ExclusiveDriver,
+    claims: &InMemoryClaimSource,
+    release_wait: Duration,
+) -> Arc<ClaimPipeline<ExclusiveDriver>> {
+    pipeline_with_metrics(
+        dir,
+        driver,
+        claims,
+        release_wait,
+        &prometheus::Registry::new(),
+    )
+}
+
+fn pipeline_with_metrics(
+    dir: &Path,
+    driver: &ExclusiveDriver,
+    claims: &InMemoryClaimSource,
+    release_wait: Duration,
+    registry: &prometheus::Registry,
+) -> Arc<ClaimPipeline<ExclusiveDriver>> {
+    let boot_id = dir.join("boot_id");
+    std::fs::write(&boot_id, "boot-1\n").unwrap();
+    let metrics = PluginMetrics::register(registry).unwrap();
+    Arc::new(ClaimPipeline {
+        driver_name: DRIVER.into(),
+        driver: Arc::new(driver.clone()),
+        claims: Arc::new(claims.clone()),
+        cdi: CdiWriter::new(&dir.join("cdi"), DRIVER, "dev"),
+        checkpoint: CheckpointStore::new(dir, boot_id, dir.join("cdi"), metrics.clone()),
+        lock: DataDirLock::new(dir),
+        metrics,
+        release_wait,
+        released: Notify::new(),
+        group: group::Queue::default(),
+        pool: None,
+    })
+}
+
+/// Claim `name` (UID `uid-<name>`) allocated `device` of pool `node`.
+fn claim(name: &str, device: &str) -> (ResourceClaim, ClaimRef) {
+    let mut c = ResourceClaim::default();
+    c.metadata.namespace = Some("ns".into());
+    c.metadata.name = Some(name.into());
+    c.metadata.uid = Some(format!("uid-{name}"));
+    c.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(vec![DeviceRequestAllocationResult {
+                    request: "r".into(),
+                    driver: DRIVER.into(),
+                    pool: "node".into(),
+                    device: device.into(),
+                    ..Default::default()
+                }]),
+                config: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let r = ClaimRef {
+        namespace: "ns".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    };
+    (c, r)
+}
+
+fn add(claims: &InMemoryClaimSource, name: &str, device: &str) -> ClaimRef {
+    let (object, r) = claim(name, device);
+    claims.insert(object);
+    r
+}
+
+async fn prepare(p: &ClaimPipeline<ExclusiveDriver>, c: &ClaimRef) -> Result<(), String> {
+    let mut answers = p.prepare(vec![c.clone()]).await.unwrap();
+    answers.remove(&c.uid).unwrap().map(|_| ())
+}
+
+fn in_checkpoint(p: &ClaimPipeline<ExclusiveDriver>) -> Vec<String> {
+    p.checkpoint.load().unwrap().claims.into_keys().collect()
+}
+
+fn held_message(claim: &str, holder: &str) -> String {
+    format!(
+        "ResourceClaim ns/{claim}: device node/dev-1 is already prepared for claim ns/{holder} \
+         (uid uid-{holder}); refusing to give one device to two claims. Wait until that claim is \
+         unprepared (its pods are gone), then retry"
+    )
+}
+
+#[tokio::test]
+async fn a_held_device_is_prepared_once_its_holder_is_unprepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let registry = prometheus::Registry::new();
+    let p = pipeline_with_metrics(
+        dir.path(),
+        &driver,
+        &claims,
+        Duration::from_secs(10),
+        &registry,
+    );
+    let old = add(&claims, "old", "dev-1");
+    let new = add(&claims, "new", "dev-1");
+    prepare(&p, &old).await.unwrap();
+
+    let waiting = tokio::spawn({
+        let (p, new) = (p.clone(), new.clone());
+        async move {
+            let result = prepare(&p, &new).await;
+            (result, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the new claim did not wait");
+    assert_eq!(in_checkpoint(&p), ["uid-old"], "prepared beside its holder");
+
+    // The waiting prepare does not hold the lock: unprepare goes through.
+    let unprepared = tokio::time::timeout(Duration::from_secs(2), p.unprepare(vec![old]))
+        .await
+        .expect("unprepare was blocked by the waiting prepare")
+        .unwrap();
+    let unprepared_at = Instant::now();
+    assert!(unprepared["uid-old"].is_ok());
+    let (result, done_at) = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("the waiting prepare missed the unprepare")
+        .unwrap();
+    result.unwrap();
+    let after = done_at.duration_since(unprepared_at);
+    assert!(
+        after < Duration::from_millis(500),
+        "took {after:?} after the unprepare"
+    );
+    assert_eq!(in_checkpoint(&p), ["uid-new"]);
+    assert!(driver.violations.lock().unwrap().is_empty());
+    let text = crate::prepare::metrics::tests::render(&registry);
+    assert!(
+        text.contains("aws_dra_plugin_device_release_waits_total{result=\"released\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_device_still_held_at_the_bound_is_refused_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let bound = Duration::from_millis(400);
+    let registry = prometheus::Registry::new();
+    let p = pipeline_with_metrics(dir.path(), &driver, &claims, bound, &registry);
+    let old = add(&claims, "old", "dev-1");
+    let new = add(&claims, "new", "dev-1");
+    prepare(&p, &old).await.unwrap();
+
+    let started = Instant::now();
+    let err = prepare(&p, &new).await.unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(err, held_message("new", "old"));
+    assert!(took >= bound, "refused after {took:?}, before the bound");
+    assert!(took < bound + Duration::from_secs(1), "took {took:?}");
+    assert_eq!(in_checkpoint(&p), ["uid-old"]);
+    assert_eq!(*driver.prepares.lock().unwrap(), ["uid-old"]);
+    let text = crate::prepare::metrics::tests::render(&registry);
+    assert!(
+        text.contains("aws_dra_plugin_device_release_waits_total{result=\"timed_out\"} 1"),
+        "{text}"
+    );
+
+    // A zero bound refuses at once, with the same message.
+    let p0 = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
+    let started = Instant::now();
+    assert_eq!(
+        prepare(&p0, &new).await.unwrap_err(),
+        held_message("new", "old")
+    );
+    assert!(started.elapsed() < Duration::from_millis(200));
+}
+
+/// Two claims of one call on one device: kubelet will not unprepare one of
+/// them while the other waits, so the second is refused at once.
+#[tokio::test]
+async fn a_holder_in_the_same_call_is_not_waited_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::from_secs(10));
+    let a = add(&claims, "a", "dev-1");
+    let b = add(&claims, "b", "dev-1");
+    let started = Instant::now();
+    let answers = p.prepare(vec![a, b]).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(answers["uid-a"].is_ok());
+    assert_eq!(
+        answers["uid-b"].as_ref().unwrap_err(),
+        &held_message("b", "a")
+    );
+}
+
+/// Another plugin instance (seamless upgrade) shares the data directory
+/// but not this process's wake-up: the periodic re-check sees its unprepare.
+#[tokio::test]
+async fn an_unprepare_by_another_instance_is_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::from_secs(10));
+    let other = pipeline(dir.path(), &driver, &claims, Duration::from_secs(10));
+    let old = add(&claims, "old", "dev-1");
+    let new = add(&claims, "new", "dev-1");
+    prepare(&other, &old).await.unwrap();
+    let waiting = tokio::spawn({
+        let (p, new) = (p.clone(), new.clone());
+        async move { prepare(&p, &new).await }
+    });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(!waiting.is_finished());
+    other.unprepare(vec![old]).await.unwrap();
+    tokio::time::timeout(RELEASE_POLL * 5, waiting)
+        .await
+        .expect("the re-check did not see the other instance's unprepare")
+        .unwrap()
+        .unwrap();
+    assert_eq!(in_checkpoint(&p), ["uid-new"]);
+}
+
+/// Several claims wait for one device: when its holder goes, exactly one
+/// gets it; the others keep waiting and are refused at the bound. At no
+/// point is the device prepared for two claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_released_device_goes_to_exactly_one_waiter() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::from_millis(1500));
+    let old = add(&claims, "old", "dev-1");
+    prepare(&p, &old).await.unwrap();
+    let waiters: Vec<_> = (0..6)
+        .map(|i| {
+            let c = add(&claims, &format!("w{i}"), "dev-1");
+            let p = p.clone();
+            tokio::spawn(async move { prepare(&p, &c).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    p.unprepare(vec![old]).await.unwrap();
+    let mut won = 0;
+    for w in waiters {
+        match w.await.unwrap() {
+            Ok(()) => won += 1,
+            Err(e) => assert!(e.contains("is already prepared for claim ns/w"), "{e}"),
+        }
+    }
+    assert_eq!(won, 1);
+    assert_eq!(in_checkpoint(&p).len(), 1);
+    assert_eq!(
+        driver.prepares.lock().unwrap().len(),
+        2,
+        "old and one waiter"
+    );
+    assert!(
+        driver.violations.lock().unwrap().is_empty(),
+        "{:?}",
+        driver.violations.lock().unwrap()
+    );
+}
+
+/// The CDI spec goes in place with the checkpoint; should a crash leave the
+/// checkpoint naming a spec that is not there, the claim is prepared again
+/// instead of being answered with CDI ids the runtime cannot resolve.
+#[tokio::test]
+async fn a_recorded_claim_without_its_spec_is_prepared_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
+    let c = add(&claims, "c", "dev-1");
+    prepare(&p, &c).await.unwrap();
+    let spec = p.checkpoint.load().unwrap().claims["uid-c"]
+        .cdi_spec_path
+        .clone();
+    assert!(spec.exists(), "spec written with the checkpoint");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("cdi"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+
+    prepare(&p, &c).await.unwrap();
+    assert_eq!(
+        driver.prepares.lock().unwrap().len(),
+        1,
+        "answered from the checkpoint"
+    );
+    std::fs::remove_file(&spec).unwrap();
+    prepare(&p, &c).await.unwrap();
+    assert_eq!(driver.prepares.lock().unwrap().len(), 2, "prepared again");
+    assert!(spec.exists(), "spec rewritten");
+}
+
+/// A checkpoint found corrupt is moved aside and the driver starts empty;
+/// the kubelet's later unprepare of a claim prepared before that still
+/// removes the claim's CDI spec (named after the claim), so nothing leaks.
+#[tokio::test]
+async fn unprepare_after_a_lost_checkpoint_removes_the_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
+    let c = add(&claims, "c", "dev-1");
+    prepare(&p, &c).await.unwrap();
+    let spec = p.checkpoint.load().unwrap().claims["uid-c"]
+        .cdi_spec_path
+        .clone();
+    assert!(spec.exists());
+    let checkpoint = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| n == "checkpoint.json"))
+        .expect("checkpoint.json in the data dir");
+    std::fs::write(&checkpoint, b"{not json").unwrap();
+    assert!(in_checkpoint(&p).is_empty(), "corrupt: starts empty");
+
+    let answers = p.unprepare(vec![c.clone()]).await.unwrap();
+    assert_eq!(answers["uid-c"], Ok(()));
+    assert!(!spec.exists(), "spec of the forgotten claim left behind");
+    // A claim never prepared here: still a plain success.
+    let other = add(&claims, "other", "dev-2");
+    assert_eq!(p.unprepare(vec![other]).await.unwrap()["uid-other"], Ok(()));
+}
+
+/// `(groups, calls)` of the group-commit histogram.
+fn commit_groups(registry: &prometheus::Registry) -> (u64, f64) {
+    let family = registry
+        .gather()
+        .into_iter()
+        .find(|f| f.name() == "aws_dra_plugin_commit_group_calls")
+        .expect("the group-commit histogram is registered");
+    let h = family.get_metric()[0].get_histogram();
+    (h.get_sample_count(), h.get_sample_sum())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_calls_share_group_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let claims = InMemoryClaimSource::new();
+    let driver = ExclusiveDriver {
+        delay: Duration::from_millis(20),
+        ..ExclusiveDriver::default()
+    };
+    let registry = prometheus::Registry::new();
+    let p = pipeline_with_metrics(dir.path(), &driver, &claims, Duration::ZERO, &registry);
+    let refs: Vec<ClaimRef> = (0..8)
+        .map(|i| add(&claims, &format!("c{i}"), &format!("dev-{i}")))
+        .collect();
+    let calls = refs.iter().map(|c| {
+        let (p, c) = (p.clone(), c.clone());
+        tokio::spawn(async move { prepare(&p, &c).await })
+    });
+    for answer in futures::future::join_all(calls).await {
+        answer.unwrap().unwrap();
+    }
+    let mut recorded = in_checkpoint(&p);
+    recorded.sort();
+    let mut want: Vec<String> = refs.iter().map(|c| c.uid.clone()).collect();
+    want.sort();
+    assert_eq!(recorded, want);
+    for c in &refs {
+        let spec = p.checkpoint.load().unwrap().claims[&c.uid]
+            .cdi_spec_path
+            .clone();
+        assert!(spec.exists(), "{} has no CDI spec", c.uid);
+    }
+    // Eight calls, each 20 ms of driver work under the lock: the seven
+    // that queue behind the first are served together, not one by one.
+    let (groups, served) = commit_groups(&registry);
+    assert_eq!(served, 8.0);
+    assert!(groups < 8, "8 calls took {groups} commits");
+
+    let calls = refs.iter().map(|c| {
+        let (p, c) = (p.clone(), c.clone());
+        tokio::spawn(async move { p.unprepare(vec![c.clone()]).await.unwrap().remove(&c.uid) })
+    });
+    for answer in futures::future::join_all(calls).await {
+        answer.unwrap().unwrap().unwrap();
+    }
+    assert!(in_checkpoint(&p).is_empty());
+    assert!(driver.holders.lock().unwrap().is_empty());
+    assert!(driver.violations.lock().unwrap().is_empty());
+    let (_, served) = commit_groups(&registry);
+    assert_eq!(served, 16.0);
+}
+
+#[tokio::test]
+async fn a_device_freed_and_taken_in_one_group_is_never_held_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(dir.path(), &driver, &claims, Duration::from_secs(5));
+    let old = add(&claims, "old", "dev-1");
+    let new = add(&claims, "new", "dev-1");
+    prepare(&p, &old).await.unwrap();
+    // The new claim's prepare queues first, the old claim's unprepare
+    // after it, both behind the lock: one group serves both, in order.
+    let guard = p.lock.lock().await.unwrap();
+    let (p1, p2, n, o) = (p.clone(), p.clone(), new.clone(), old.clone());
+    let prep = tokio::spawn(async move { prepare(&p1, &n).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let unprep = tokio::spawn(async move { p2.unprepare(vec![o]).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(guard);
+    unprep.await.unwrap().unwrap();
+    prep.await.unwrap().unwrap();
+    assert_eq!(in_checkpoint(&p), vec!["uid-new".to_string()]);
+    assert!(driver.violations.lock().unwrap().is_empty());
+}
+
+/// The crash points of a group commit, in order, and whether the group's
+/// claims are in the checkpoint after a kill there.
+const CRASH_POINTS: [(&str, bool); 5] = [
+    ("group:served", false),
+    ("commit:synced", false),
+    ("commit:renamed-first", false),
+    ("commit:renamed", true),
+    ("group:committed", true),
+];
+
+#[test]
+fn a_kill_at_each_step_of_a_group_commit_leaves_a_checkpoint_of_what_was_answered() {
+    let exe = std::env::current_exe().unwrap();
+    for (point, group_recorded) in CRASH_POINTS {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                // The test's name as libtest knows it: its module path
+                // without the crate, so that a move of the module keeps it.
+                &format!(
+                    "{}::crash_child",
+                    module_path!().split_once("::").unwrap().1
+                ),
+                "--ignored",
+                "--test-threads=1",
+            ])
+            .env("DRA_CORE_CRASH_AT", point)
+            .env("DRA_CORE_CRASH_DIR", dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            !status.success(),
+            "{point}: the child was not killed there ({status})"
+        );
+        let answered: Vec<String> = std::fs::read_to_string(dir.path().join("answered"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(answered, ["uid-a", "uid-b"], "{point}");
+        // The restart: a new pipeline on the same directory.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+            let refs: Vec<ClaimRef> = ["a", "b", "d", "e"]
+                .iter()
+                .map(|n| add(&claims, n, &format!("dev-{n}")))
+                .collect();
+            let p = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
+            let checkpoint = p.checkpoint.load().unwrap();
+            let mut want = answered.clone();
+            if group_recorded {
+                want.extend(["uid-d".to_string(), "uid-e".to_string()]);
+            }
+            let recorded: Vec<String> = checkpoint.claims.keys().cloned().collect();
+            assert_eq!(recorded, want, "{point}: the checkpoint after the kill");
+            for (uid, c) in &checkpoint.claims {
+                assert!(
+                    c.cdi_spec_path.exists(),
+                    "{point}: {uid} recorded without its spec"
+                );
+            }
+            // Kubelet calls again for what it got no answer for: every
+            // claim is prepared, each device for one claim.
+            for c in &refs[2..] {
+                prepare(&p, c)
+                    .await
+                    .unwrap_or_else(|e| panic!("{point}: {e}"));
+            }
+            assert_eq!(in_checkpoint(&p).len(), 4, "{point}");
+            assert!(driver.violations.lock().unwrap().is_empty(), "{point}");
+        });
+    }
+}
+
+/// The child of the crash test: claims a and b prepared one by one (and
+/// noted as answered), then d and e queued behind the lock so that one
+/// group serves both; the process aborts at `DRA_CORE_CRASH_AT` in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by a_kill_at_each_step_of_a_group_commit_leaves_a_checkpoint_of_what_was_answered"]
+async fn crash_child() {
+    use std::io::Write;
+    let dir = std::path::PathBuf::from(std::env::var("DRA_CORE_CRASH_DIR").unwrap());
+    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
+    let p = pipeline(&dir, &driver, &claims, Duration::ZERO);
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("answered"))
+        .unwrap();
+    let mut note = |uid: &str| {
+        writeln!(log, "{uid}").unwrap();
+        log.sync_all().unwrap();
+    };
+    for n in ["a", "b"] {
+        let c = add(&claims, n, &format!("dev-{n}"));
+        prepare(&p, &c).await.unwrap();
+        note(&c.uid);
+    }
+    let group: Vec<ClaimRef> = ["d", "e"]
+        .iter()
+        .map(|n| add(&claims, n, &format!("dev-{n}")))
+        .collect();
+    let guard = p.lock.lock().await.unwrap();
+    let calls: Vec<_> = group
+        .iter()
+        .map(|c| {
+            let (p, c) = (p.clone(), c.clone());
+            tokio::spawn(async move { prepare(&p, &c).await.map(|()| c.uid) })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(guard);
+    for call in calls {
+        note(&call.await.unwrap().unwrap());
+    }
+}

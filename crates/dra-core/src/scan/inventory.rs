@@ -1,0 +1,245 @@
+//! What a driver says about its hardware: the [`DeviceInventory`] trait, the
+//! other half of a driver next to [`Driver`].
+//!
+//! A driver implements one scan: hardware in, devices (name, attributes,
+//! capacity) with each device's health out. Everything around it is
+//! `dra-core`'s: when to scan (uevents of the subsystems the inventory
+//! names, a periodic rescan, see [`crate::daemon::rescan`]), on which thread (a
+//! blocking one: sysfs reads and ioctls block), publishing what changed, the
+//! kubelet's health stream, metrics, and the command line ([`crate::daemon::runner`]).
+//!
+//! Health is modelled as a list of conditions per device, each on one
+//! dimension (what is wrong, e.g. `sram-ecc-uncorrected`), with a severity
+//! and a value (a short code or a count). A device without conditions is
+//! healthy, which is what every scan reports until the drivers read their
+//! health signals.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use k8s_openapi::api::resource::v1::{CounterSet, Device};
+use prometheus::Registry;
+
+use crate::kubelet::health::HealthState;
+use crate::prepare::driver::Driver;
+
+/// How bad a condition is. The order is the order of escalation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Severity {
+    /// Still usable, worse than it should be (error rates above a threshold).
+    Degraded,
+    /// Unusable until something on the node recovers it (a repair on reset).
+    Recoverable,
+    /// Unusable until the hardware is replaced or the node rebooted.
+    Fatal,
+}
+
+/// One thing wrong with a device.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HealthCondition {
+    /// What is wrong, as a DNS label (`admin-queue-closed`).
+    pub dimension: String,
+    pub severity: Severity,
+    /// A short code or the count that crossed the line.
+    pub value: String,
+}
+
+impl fmt::Display for HealthCondition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={} ({:?})", self.dimension, self.value, self.severity)
+    }
+}
+
+/// A device's health as one scan saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct DeviceHealth {
+    pub conditions: Vec<HealthCondition>,
+}
+
+impl DeviceHealth {
+    /// No conditions.
+    pub fn healthy() -> Self {
+        Self::default()
+    }
+
+    /// What kubelet is told: unhealthy when a condition keeps pods off the
+    /// device (recoverable or fatal); degraded devices still serve.
+    pub fn state(&self) -> HealthState {
+        if self
+            .conditions
+            .iter()
+            .any(|c| c.severity >= Severity::Recoverable)
+        {
+            HealthState::Unhealthy
+        } else {
+            HealthState::Healthy
+        }
+    }
+
+    /// One line for humans (kubelet shows it in the pod's status).
+    pub fn message(&self) -> String {
+        self.conditions
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// One device found by a scan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScannedDevice {
+    pub device: Device,
+    pub health: DeviceHealth,
+}
+
+impl ScannedDevice {
+    /// A device with nothing wrong.
+    pub fn healthy(device: Device) -> Self {
+        ScannedDevice {
+            device,
+            health: DeviceHealth::healthy(),
+        }
+    }
+}
+
+/// Where the host's trees are (`--sysfs-root`, `--dev-root`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    pub sysfs_root: PathBuf,
+    pub dev_root: PathBuf,
+}
+
+/// What the API server accepts, as far as an inventory cares. `run` probes
+/// it before the first scan when the inventory asks
+/// ([`DeviceInventory::wants_api_probe`]); `discover` has no API server and
+/// passes [`ApiSupport::unknown`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiSupport {
+    /// Partitionable devices (`sharedCounters` / `consumesCounters`):
+    /// `None` when not probed.
+    pub partitionable_devices: Option<bool>,
+    /// Why, in words, for the driver's log line.
+    pub reason: String,
+}
+
+impl ApiSupport {
+    /// Not probed (no API server, as in `discover`).
+    pub fn unknown() -> Self {
+        ApiSupport {
+            partitionable_devices: None,
+            reason: "no API server was asked".into(),
+        }
+    }
+}
+
+/// A driver's hardware: how to scan it, what makes it change, and the
+/// [`Driver`] that prepares its devices.
+pub trait DeviceInventory: Sized + Send + 'static {
+    /// Flags of `run` and `discover` that only this driver has
+    /// ([`crate::daemon::cli::NoExtraArgs`] for none).
+    type Flags: clap::Args + Clone + fmt::Debug + Send + Sync + 'static;
+    /// Why a scan (or opening the inventory) failed as a whole.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// The driver that prepares this inventory's devices.
+    type Driver: Driver;
+
+    /// Kernel uevent subsystems whose events can change the device set or
+    /// its health (e.g. `pci`); each one triggers a rescan.
+    const UEVENT_SUBSYSTEMS: &'static [&'static str];
+
+    /// Opens the inventory; `metrics` is where the driver registers metrics
+    /// of its own (`dra-core` registers the rescan metrics itself).
+    fn open(host: &HostPaths, flags: &Self::Flags, metrics: &Registry)
+    -> Result<Self, Self::Error>;
+
+    /// Scans the hardware: every device to publish, in a stable order, with
+    /// its health. Runs on a blocking thread. A device that cannot be used
+    /// is left out (and logged by the driver, once per change, not on every
+    /// scan); an `Err` means the scan could not run at all, and the devices
+    /// published last stay published.
+    fn scan(&mut self) -> Result<Vec<ScannedDevice>, Self::Error>;
+
+    /// The driver, sharing whatever state the scan keeps current. Called
+    /// once, after the first successful scan.
+    fn driver(&self) -> Self::Driver;
+
+    /// Whether `run` should ask the API server what it supports
+    /// ([`ApiSupport`]) before the first scan. Default: no.
+    fn wants_api_probe(_flags: &Self::Flags) -> bool {
+        false
+    }
+
+    /// What the API server supports; called once, before the first scan
+    /// (with [`ApiSupport::unknown`] when nothing was probed).
+    fn set_api_support(&mut self, _support: &ApiSupport) {}
+
+    /// The counter sets the devices of the last scan consume (partitionable
+    /// devices); published in slices of their own in the same pool, in the
+    /// same update as the devices. Default: none.
+    fn counter_sets(&self) -> Vec<CounterSet> {
+        Vec::new()
+    }
+
+    /// Node label keys this driver manages on its own Node
+    /// (`publish::node_labels`): it sets those [`Self::node_labels`] returns
+    /// and removes the others. Default: none (the Node is never written).
+    const NODE_LABELS: &'static [&'static str] = &[];
+
+    /// The labels of the driver's Node as read at start-up, before the
+    /// first scan (`run` only: `discover` has no Node and never calls it).
+    fn set_node_labels(&mut self, _labels: &BTreeMap<String, String>) {}
+
+    /// The values of [`Self::NODE_LABELS`] the last scan calls for; a
+    /// managed key left out is removed from the Node. Default: none.
+    fn node_labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(dimension: &str, severity: Severity) -> HealthCondition {
+        HealthCondition {
+            dimension: dimension.into(),
+            severity,
+            value: "1".into(),
+        }
+    }
+
+    #[test]
+    fn state_and_message() {
+        let cases = [
+            (vec![], HealthState::Healthy, ""),
+            (
+                vec![condition("rx-errors", Severity::Degraded)],
+                HealthState::Healthy,
+                "rx-errors=1 (Degraded)",
+            ),
+            (
+                vec![condition("hbm-ue-repairable", Severity::Recoverable)],
+                HealthState::Unhealthy,
+                "hbm-ue-repairable=1 (Recoverable)",
+            ),
+            (
+                vec![
+                    condition("rx-errors", Severity::Degraded),
+                    condition("admin-queue-closed", Severity::Fatal),
+                ],
+                HealthState::Unhealthy,
+                "rx-errors=1 (Degraded); admin-queue-closed=1 (Fatal)",
+            ),
+        ];
+        for (conditions, state, message) in cases {
+            let health = DeviceHealth { conditions };
+            assert_eq!(health.state(), state, "{health:?}");
+            assert_eq!(health.message(), message);
+        }
+        assert!(
+            Severity::Degraded < Severity::Recoverable && Severity::Recoverable < Severity::Fatal
+        );
+    }
+}

@@ -1,0 +1,235 @@
+//! The access-control objects of a driver chart's rendering: least-privilege
+//! RBAC bound to the driver's service account only, and the admission policy
+//! that confines each node's driver to the ResourceSlices of its own node
+//! and driver.
+
+use anyhow::{Context, Result, ensure};
+
+use crate::charts::expect::{Expect, NAMESPACE};
+use crate::charts::rendering::{Rendering, id, json, one};
+use crate::charts::specs::ChartSpec;
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+
+pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
+    let role = one(&r.cluster_roles, Some(&expect.fullname))?;
+    let rules = role
+        .rules
+        .as_deref()
+        .with_context(|| format!("{} without rules", id(role)))?;
+    let mut got: Vec<(&str, &str, Vec<&str>)> = Vec::new();
+    for rule in rules {
+        for group in rule.api_groups.iter().flatten() {
+            for res in rule.resources.iter().flatten() {
+                got.push((group, res, rule.verbs.iter().map(String::as_str).collect()));
+            }
+        }
+    }
+    got.sort();
+    let want: Vec<(&str, &str, Vec<&str>)> = vec![
+        ("", "events", vec!["create"]),
+        ("", "nodes", expect.node_verbs.to_vec()),
+        ("resource.k8s.io", "resourceclaims", vec!["get"]),
+        (
+            "resource.k8s.io",
+            "resourceslices",
+            vec![
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ],
+        ),
+    ];
+    ensure!(
+        got == want,
+        "{} rules are not least-privilege:\n got {got:?}\nwant {want:?}",
+        id(role)
+    );
+    let binding = one(&r.cluster_role_bindings, Some(&expect.fullname))?;
+    // Exactly one subject: any other would be granted the driver's rights.
+    let subjects = binding.subjects.as_deref().unwrap_or_default();
+    ensure!(
+        matches!(subjects, [s] if s.kind == "ServiceAccount"
+            && s.name == expect.service_account
+            && s.namespace.as_deref() == Some(NAMESPACE))
+            && binding.role_ref.kind == "ClusterRole"
+            && binding.role_ref.name == expect.fullname,
+        "{} does not bind exactly the driver's service account {NAMESPACE}/{} to ClusterRole {}: subjects {}, roleRef {}",
+        id(binding),
+        expect.service_account,
+        expect.fullname,
+        json(&binding.subjects),
+        json(&binding.role_ref)
+    );
+    Ok(())
+}
+
+/// A policy's name as the chart truncates it.
+fn policy_name(expect: &Expect, suffix: &str) -> String {
+    let mut name = format!("{}-{suffix}", expect.fullname);
+    name.truncate(63);
+    name.trim_end_matches('-').to_owned()
+}
+
+pub fn check_vap(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()> {
+    let patches_nodes = spec.node_verbs.contains(&"patch");
+    ensure!(
+        r.policies.len() == 1 + usize::from(patches_nodes),
+        "expected {} admission policies, found {:?}",
+        1 + usize::from(patches_nodes),
+        r.policies.iter().map(id).collect::<Vec<_>>()
+    );
+    if patches_nodes {
+        check_node_policy(expect, r)?;
+    }
+    let (policy, p) = matching_policy(
+        expect,
+        r,
+        "resourceslices",
+        "resource.k8s.io",
+        &["CREATE", "UPDATE", "DELETE"],
+    )?;
+    let user = format!(
+        "system:serviceaccount:{NAMESPACE}:{}",
+        expect.service_account
+    );
+    let cond = p
+        .match_conditions
+        .as_ref()
+        .and_then(|c| c.first())
+        .map(|c| c.expression.as_str())
+        .unwrap_or_default();
+    ensure!(
+        cond.contains(&format!("request.userInfo.username == \"{user}\"")),
+        "{}: policy must apply to the driver's service account only: {cond}",
+        id(policy)
+    );
+    // Every CEL expression of the policy (not the plain messages).
+    let cel: Vec<&str> = p
+        .variables
+        .iter()
+        .flatten()
+        .map(|v| v.expression.as_str())
+        .chain(p.validations.iter().flatten().flat_map(|v| {
+            std::iter::once(v.expression.as_str()).chain(v.message_expression.as_deref())
+        }))
+        .chain(
+            p.match_conditions
+                .iter()
+                .flatten()
+                .map(|c| c.expression.as_str()),
+        )
+        .chain(
+            p.audit_annotations
+                .iter()
+                .flatten()
+                .map(|a| a.value_expression.as_str()),
+        )
+        .collect();
+    for needle in [
+        "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0]",
+        "request.operation == 'DELETE' ? oldObject : object",
+        "variables.slice.spec.?nodeName",
+        "variables.userNodeName == variables.sliceNodeName",
+        &format!("variables.slice.spec.driver == \"{}\"", spec.driver),
+    ] {
+        ensure!(
+            cel.iter().any(|e| e.contains(needle)),
+            "{}: no CEL expression of the policy contains `{needle}`",
+            id(policy)
+        );
+    }
+    check_binding(r, policy)
+}
+
+/// The binding of `policy` denies what the policy refuses.
+fn check_binding(r: &Rendering, policy: &ValidatingAdmissionPolicy) -> Result<()> {
+    let name = policy.metadata.name.as_deref().unwrap_or_default();
+    let binding = one(&r.policy_bindings, Some(name))?;
+    let b = binding.spec.as_ref();
+    ensure!(
+        b.and_then(|b| b.policy_name.as_deref()) == policy.metadata.name.as_deref()
+            && b.and_then(|b| b.validation_actions.as_deref()) == Some(&["Deny".to_owned()][..]),
+        "{}: policy binding must Deny with {}: {}",
+        id(binding),
+        id(policy),
+        json(&b)
+    );
+    Ok(())
+}
+
+/// The Neuron driver may patch Nodes (its UltraServer labels): a second
+/// policy confines that to its own Node and to those labels.
+/// The chart's admission policy for `resource` (named after it), with what
+/// both policies must have: it fails closed, and its one rule matches
+/// exactly `operations` on `resource` of `group` in every API version.
+fn matching_policy<'r>(
+    expect: &Expect,
+    r: &'r Rendering,
+    resource: &str,
+    group: &str,
+    operations: &[&str],
+) -> Result<(
+    &'r ValidatingAdmissionPolicy,
+    &'r k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
+)> {
+    let policy = one(&r.policies, Some(&policy_name(expect, resource)))?;
+    let p = policy
+        .spec
+        .as_ref()
+        .with_context(|| format!("{} without spec", id(policy)))?;
+    ensure!(
+        p.failure_policy.as_deref() == Some("Fail"),
+        "{}: policy must fail closed, failurePolicy {:?}",
+        id(policy),
+        p.failure_policy
+    );
+    let rule = p
+        .match_constraints
+        .as_ref()
+        .and_then(|m| m.resource_rules.as_ref())
+        .and_then(|r| r.first());
+    let list = |l: Option<&Vec<String>>| l.cloned().unwrap_or_default();
+    ensure!(
+        rule.is_some_and(|rule| list(rule.resources.as_ref()) == [resource]
+            && list(rule.api_groups.as_ref()) == [group]
+            && list(rule.operations.as_ref()) == operations
+            && list(rule.api_versions.as_ref()) == ["*"]),
+        "{}: policy must match {} of {resource} in every version: {}",
+        id(policy),
+        operations.join("/"),
+        json(&rule)
+    );
+    Ok((policy, p))
+}
+
+fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
+    let (policy, p) = matching_policy(expect, r, "nodes", "", &["UPDATE"])?;
+    let user = format!(
+        "system:serviceaccount:{NAMESPACE}:{}",
+        expect.service_account
+    );
+    let cel: Vec<&str> = p
+        .match_conditions
+        .iter()
+        .flatten()
+        .map(|c| c.expression.as_str())
+        .chain(p.variables.iter().flatten().map(|v| v.expression.as_str()))
+        .chain(
+            p.validations
+                .iter()
+                .flatten()
+                .map(|v| v.expression.as_str()),
+        )
+        .collect();
+    for needle in [
+        format!("request.userInfo.username == \"{user}\""),
+        "variables.userNodeName == object.metadata.name".to_owned(),
+        "k.startsWith('neuron.amazonaws.com/ultraserver-')".to_owned(),
+        "object.spec == oldObject.spec".to_owned(),
+    ] {
+        ensure!(
+            cel.iter().any(|e| e.contains(&needle)),
+            "{}: no CEL expression of the policy contains `{needle}`",
+            id(policy)
+        );
+    }
+    check_binding(r, policy)
+}
