@@ -23,7 +23,7 @@ use crate::docker;
 pub const DEBIAN_IMAGE: &str = "aws-dra-local/debian:bookworm";
 
 fn work_root() -> PathBuf {
-    e2e::toolchain::cache_root().join("kind-images")
+    local_cluster::toolchain::cache_root().join("kind-images")
 }
 
 /// The Debian mirror `debootstrap` and the images' apt use.

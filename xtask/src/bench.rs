@@ -4,13 +4,13 @@
 //! - `cargo xtask bench [--rounds N] [--steady-secs S] [--bursts 8,16,32]`: our EFA driver
 //!   (release build, as the image ships it) against the reference Go driver
 //!   of `e2e/go/refdriver`, side by side on node p5, alternating rounds
-//!   (`e2e::bench`). Writes `<work-dir>/bench-<version>.json`.
+//!   (`long_runs::bench`). Writes `<work-dir>/bench-<version>.json`.
 //! - `cargo xtask bench fleet [--nodes 50,200,500]`: simulated nodes'
-//!   publishers against one API server (`e2e::bench::fleet`). Writes
+//!   publishers against one API server (`long_runs::bench::fleet`). Writes
 //!   `<work-dir>/bench-fleet-<version>.json`.
 //! - `cargo xtask bench neuron [--steady-secs 180] [--bursts 16]`: the
 //!   Neuron driver alone on trn2, NeuronCore partitions on and off
-//!   (`e2e::bench::neuron`). Writes `<work-dir>/bench-neuron-<version>.json`.
+//!   (`long_runs::bench::neuron`). Writes `<work-dir>/bench-neuron-<version>.json`.
 //!
 //! All start a local cluster: run them under `flock /tmp/aws-dra-e2e.lock`
 //! on a shared machine, as the end-to-end suite.
@@ -56,7 +56,7 @@ struct NeuronArgs {
 #[derive(clap::Args)]
 struct Common {
     /// Kubernetes release (a minor such as `1.37` or `1.34`, or an exact version).
-    #[arg(long, default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    #[arg(long, default_value_t = format!("1.{}", local_cluster::versions::MAIN_MINOR))]
     kubernetes: String,
     /// Where the JSON report goes (relative to the repository root).
     #[arg(long, default_value = ".e2e")]
@@ -76,7 +76,7 @@ struct DriverArgs {
     #[arg(long, default_value_t = 600)]
     steady_secs: u64,
     /// Burst sizes, comma-separated: N pods with a one-device claim each,
-    /// created at once (`e2e::bench::burst`); `--bursts ''` runs none.
+    /// created at once (`long_runs::bench::burst`); `--bursts ''` runs none.
     #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32])]
     bursts: Vec<usize>,
     /// Bursts of each size per driver.
@@ -117,7 +117,7 @@ fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&common.kubernetes)?;
     let t = Instant::now();
-    e2e::toolchain::ensure_built(e2e::toolchain::BuildOptions {
+    local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
         kubernetes_version: version.clone(),
         install_host_packages: true,
         progress: Box::new(move |line| {
@@ -161,12 +161,12 @@ fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
 fn run_drivers(args: DriverArgs) -> Result<()> {
     let (bin_dir, version, work) = prepare(&args.common)?;
     let t = Instant::now();
-    let mut progress: e2e::go_build::Progress = Box::new(move |line: &str| {
+    let mut progress: local_cluster::go_build::Progress = Box::new(move |line: &str| {
         eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
     });
-    let refdriver = e2e::bench::refdriver::build(&mut progress)
+    let refdriver = long_runs::bench::refdriver::build(&mut progress)
         .context("building the reference Go driver (e2e/go/refdriver)")?;
-    let options = e2e::bench::BenchOptions {
+    let options = long_runs::bench::BenchOptions {
         rounds: args.rounds,
         steady: Duration::from_secs(args.steady_secs),
         kubernetes_version: version.clone(),
@@ -180,7 +180,7 @@ fn run_drivers(args: DriverArgs) -> Result<()> {
         args.rounds, args.steady_secs
     );
     let runtime = tokio::runtime::Runtime::new()?;
-    let report = runtime.block_on(e2e::bench::run(&options))?;
+    let report = runtime.block_on(long_runs::bench::run(&options))?;
     for line in report.table().into_iter().chain(report.burst_table()) {
         println!("{line}");
     }
@@ -189,7 +189,7 @@ fn run_drivers(args: DriverArgs) -> Result<()> {
 
 fn run_fleet(args: FleetArgs) -> Result<()> {
     let (bin_dir, version, work) = prepare(&args.common)?;
-    let options = e2e::bench::fleet::FleetOptions {
+    let options = long_runs::bench::fleet::FleetOptions {
         nodes: args.nodes,
         steady: Duration::from_secs(args.steady_secs),
         storm_window: Duration::from_secs(args.storm_secs),
@@ -201,7 +201,7 @@ fn run_fleet(args: FleetArgs) -> Result<()> {
         options.nodes
     );
     let runtime = tokio::runtime::Runtime::new()?;
-    let report = runtime.block_on(e2e::bench::fleet::run(&options))?;
+    let report = runtime.block_on(long_runs::bench::fleet::run(&options))?;
     for line in report.table() {
         println!("{line}");
     }
@@ -210,7 +210,7 @@ fn run_fleet(args: FleetArgs) -> Result<()> {
 
 fn run_neuron(args: NeuronArgs) -> Result<()> {
     let (bin_dir, version, work) = prepare(&args.common)?;
-    let options = e2e::bench::neuron::NeuronBenchOptions {
+    let options = long_runs::bench::neuron::NeuronBenchOptions {
         steady: Duration::from_secs(args.steady_secs),
         bursts: args.bursts,
         burst_rounds: args.burst_rounds,
@@ -219,7 +219,7 @@ fn run_neuron(args: NeuronArgs) -> Result<()> {
     };
     eprintln!("==> bench neuron: Kubernetes {version}, partitions on and off");
     let runtime = tokio::runtime::Runtime::new()?;
-    let report = runtime.block_on(e2e::bench::neuron::run(&options))?;
+    let report = runtime.block_on(long_runs::bench::neuron::run(&options))?;
     for line in report.table() {
         println!("{line}");
     }

@@ -1,5 +1,5 @@
 //! `cargo xtask chaos`: the drivers under faults on the local cluster
-//! (`e2e::chaos`): create/delete cycles with random SIGKILLs, kubelet
+//! (`long_runs::chaos`): create/delete cycles with random SIGKILLs, kubelet
 //! restart, simulated reboot, API server and etcd outage, disk faults
 //! (corrupt checkpoint, full CDI directory, read-only checkpoint directory).
 //! Prints a figures table (Markdown, for docs/reliability.md) and writes
@@ -47,7 +47,7 @@ pub struct ChaosArgs {
     #[arg(long)]
     kubelet_sync_frequency: Option<u64>,
     /// Kubernetes release (a minor such as `1.37`, or an exact version).
-    #[arg(long, default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    #[arg(long, default_value_t = format!("1.{}", local_cluster::versions::MAIN_MINOR))]
     kubernetes: String,
     /// Where the JSON report goes (relative to the repository root).
     #[arg(long, default_value = ".e2e")]
@@ -58,7 +58,7 @@ pub fn run(args: ChaosArgs) -> Result<()> {
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
     let t = Instant::now();
-    e2e::toolchain::ensure_built(e2e::toolchain::BuildOptions {
+    local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
         kubernetes_version: version.clone(),
         install_host_packages: true,
         progress: Box::new(move |line| {
@@ -73,7 +73,7 @@ pub fn run(args: ChaosArgs) -> Result<()> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
-    let options = e2e::chaos::ChaosOptions {
+    let options = long_runs::chaos::ChaosOptions {
         cycles: args.cycles,
         kills: args.kills,
         max_duration: (args.max_minutes > 0).then(|| Duration::from_secs(args.max_minutes * 60)),
@@ -93,7 +93,7 @@ pub fn run(args: ChaosArgs) -> Result<()> {
             .map_or("default".to_string(), |s| format!("{s}s"))
     );
     let runtime = tokio::runtime::Runtime::new()?;
-    let report = runtime.block_on(e2e::chaos::run(&options))?;
+    let report = runtime.block_on(long_runs::chaos::run(&options))?;
     for line in report.table() {
         println!("{line}");
     }

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::versions::{CI_RELEASES, MAIN_MINOR};
+use local_cluster::versions::{CI_RELEASES, MAIN_MINOR};
 
 mod entry;
 mod excerpt;
@@ -45,8 +45,8 @@ struct Step {
 /// The niceness of [`Step::nice`] steps. Cargo's and rustc's processes
 /// inherit it. A nice-0 process weighs about nine times as much as one at
 /// 10. That matters most to the charts leg, whose drivers run as pods: the
-/// e2e clusters put every pod under `/aws-dra-e2e` (`crates/e2e/src/
-/// cgroups.rs`), and on this cgroup v1 host that group sits beside CI's own
+/// e2e clusters put every pod under `/aws-dra-e2e` (`crates/local-cluster/
+/// src/cgroups.rs`), and on this cgroup v1 host that group sits beside CI's own
 /// processes at the root of the `cpu` hierarchy and weighs as much as one
 /// nice-0 process there, however many pods it holds.
 const NICE: u32 = 10;
@@ -123,7 +123,7 @@ fn checks() -> Vec<Step> {
             "test",
             &["test", "--workspace", "--exclude", "e2e", "--locked"],
         ), // The e2e crate's own unit tests and the structure checks (import
-        // cycles and file length in crates/e2e and xtask, import circles
+        // cycles and file length in the test crates and xtask, import circles
         // between top-level modules in every crate, dra-core's public
         // surface): no cluster needed.
         step(

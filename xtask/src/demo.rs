@@ -13,7 +13,7 @@
 //! upgrade --install` of the charts (DaemonSet pods; the end-to-end suite's
 //! chart testbed) instead of running them as host processes.
 //!
-//! It runs the main Kubernetes release (`crates/e2e/src/versions.rs`;
+//! It runs the main Kubernetes release (`crates/local-cluster/src/versions.rs`;
 //! `--kubernetes 1.34` for the oldest) and builds `kubectl` of the same
 //! release, so that a newcomer without one can paste the commands it prints.
 
@@ -36,7 +36,7 @@ pub struct DemoArgs {
     #[arg(long)]
     charts: bool,
     /// Kubernetes release: a minor (`1.37`, `1.34`) or an exact version.
-    #[arg(long, alias = "k8s-version", default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    #[arg(long, alias = "k8s-version", default_value_t = format!("1.{}", local_cluster::versions::MAIN_MINOR))]
     kubernetes: String,
 }
 

@@ -98,7 +98,7 @@ pub fn ensure_engine() -> Result<()> {
         );
     }
     let dockerd = on_path("dockerd").context("dockerd is still not on PATH after installing")?;
-    let log_dir = e2e::toolchain::cache_root().join("docker");
+    let log_dir = local_cluster::toolchain::cache_root().join("docker");
     std::fs::create_dir_all(&log_dir)?;
     let log = log_dir.join("dockerd.log");
     let file =
@@ -140,7 +140,7 @@ pub fn ensure_engine() -> Result<()> {
 }
 
 fn wrapper_path() -> PathBuf {
-    e2e::toolchain::cache_root()
+    local_cluster::toolchain::cache_root()
         .join("docker")
         .join("runc-wrapper")
 }

@@ -80,9 +80,9 @@ pub struct E2eArgs {
     #[arg(long)]
     pub release: bool,
     /// Kubernetes release: a minor (`1.37`, `1.34`: the patch
-    /// `crates/e2e/src/versions.rs` pins) or an exact version of a known
+    /// `crates/local-cluster/src/versions.rs` pins) or an exact version of a known
     /// minor; built from the Go modules and cached on first use.
-    #[arg(long, alias = "k8s-version", default_value_t = format!("1.{}", e2e::versions::MAIN_MINOR))]
+    #[arg(long, alias = "k8s-version", default_value_t = format!("1.{}", local_cluster::versions::MAIN_MINOR))]
     pub kubernetes: String,
     /// Where the kind run's images come from (`--cluster kind`): all built
     /// here (`offline`), or kind's published node image and the Dockerfile's
@@ -121,7 +121,7 @@ pub fn build_prerequisites(
     eprintln!("==> e2e: Kubernetes {version} components (cached under ~/.cache/aws-dra)");
     let version = version.clone();
     let t = Instant::now();
-    e2e::toolchain::ensure_built(e2e::toolchain::BuildOptions {
+    local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
         kubernetes_version: version,
         install_host_packages: true,
         progress: Box::new(move |line| {
@@ -369,7 +369,7 @@ mod tests {
         assert_eq!(old_flag.e2e.kubernetes, "v1.37.2");
         assert_eq!(
             Cli::try_parse_from(["x"]).unwrap().e2e.kubernetes,
-            format!("1.{}", e2e::versions::MAIN_MINOR)
+            format!("1.{}", local_cluster::versions::MAIN_MINOR)
         );
         assert!(
             Cli::try_parse_from(["x", "--cluster", "local", "--keep"])

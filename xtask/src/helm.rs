@@ -65,7 +65,7 @@ impl Helm {
 /// (`$AWS_DRA_CACHE_DIR`, else `~/.cache/aws-dra`), shared with the
 /// Kubernetes binaries so one variable moves all of it.
 pub fn cache_root() -> Result<PathBuf> {
-    Ok(e2e::toolchain::cache_root())
+    Ok(local_cluster::toolchain::cache_root())
 }
 
 /// The Helm version the wrapper module pins, read from its `go.mod`.

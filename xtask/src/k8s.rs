@@ -14,9 +14,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use e2e::KubernetesVersion;
-use e2e::toolchain::{self, BuildOptions};
-use e2e::versions::MAIN_MINOR;
 use e2e::{ClusterConfig, LocalCluster, NodeSpec};
+use local_cluster::toolchain::{self, BuildOptions};
+use local_cluster::versions::MAIN_MINOR;
 
 #[derive(clap::Args)]
 pub struct K8sArgs {
@@ -45,7 +45,7 @@ enum K8sCommand {
 #[derive(clap::Args)]
 struct BuildArgs {
     /// Kubernetes release to build: a minor (`1.37`, `1.34`: the patch
-    /// `crates/e2e/src/versions.rs` pins) or an exact version of a known minor.
+    /// `crates/local-cluster/src/versions.rs` pins) or an exact version of a known minor.
     /// Repeat it to build several (`up` uses the first).
     #[arg(long, alias = "k8s-version", default_values_t = [format!("1.{MAIN_MINOR}")])]
     kubernetes: Vec<String>,
@@ -79,7 +79,7 @@ pub fn run(args: K8sArgs) -> Result<()> {
                 Some(dir) => dir,
                 None => toolchain::repo_root().join(version.release()?.module_dir()),
             };
-            e2e::go_build::generate_kubernetes_module(&version, &out)?;
+            local_cluster::go_build::generate_kubernetes_module(&version, &out)?;
             eprintln!("wrote {}/go.mod and go.sum for {version}", out.display());
             Ok(())
         }

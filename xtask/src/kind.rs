@@ -224,12 +224,13 @@ pub fn prepare_images(
             let started = Instant::now();
             let binaries = e2e::Binaries::locate(version)?;
             let t = Instant::now();
-            let mut progress: e2e::go_build::Progress = Box::new(move |line: &str| {
+            let mut progress: local_cluster::go_build::Progress = Box::new(move |line: &str| {
                 eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
             });
-            let kind_node_dir = e2e::toolchain::ensure_kind_node_built(version, &mut progress)?;
+            let kind_node_dir =
+                local_cluster::toolchain::ensure_kind_node_built(version, &mut progress)?;
             let base_files = crate::kind_tool::base_files(root)?;
-            let coredns_binary = e2e::toolchain::ensure_coredns_built(
+            let coredns_binary = local_cluster::toolchain::ensure_coredns_built(
                 &crate::kind_images::coredns_tag(
                     &kind_node_dir.join("kubeadm"),
                     &version.to_string(),
@@ -341,7 +342,7 @@ pub fn bring_up(
         Command::new(&setup.kind).args(["load", "docker-image", &image, "--name", CLUSTER_NAME]),
     )?;
     let drivers_archive = work.join("drivers.oci.tar");
-    e2e::image::write_archive(
+    local_cluster::image::write_archive(
         &e2e::chart_testbed::local_host::driver_image_spec(bin_dir)?,
         &drivers_archive,
     )?;

@@ -55,7 +55,7 @@ pub const NODE_PACKAGES: &[&str] = &[
 const NODE_ENTRYPOINT: &str = r#"["/usr/local/bin/entrypoint", "/sbin/init"]"#;
 
 fn work_root() -> PathBuf {
-    e2e::toolchain::cache_root().join("kind-images")
+    local_cluster::toolchain::cache_root().join("kind-images")
 }
 
 /// The images kubeadm of `version` runs (`kubeadm config images list`).
@@ -245,8 +245,8 @@ fn write_node_archives(inputs: &NodeInputs, kubeadm: &Path, dir: &Path) -> Resul
         let file = dir.join(format!("{}.oci.tar", reference.replace(['/', ':'], "_")));
         // The command kubeadm's manifests give is the bare name (`etcd`,
         // `kube-apiserver`): the image's PATH is `/`.
-        e2e::image::write_archive(
-            &e2e::image::ImageSpec {
+        local_cluster::image::write_archive(
+            &local_cluster::image::ImageSpec {
                 reference: reference.clone(),
                 binary,
                 entrypoint: format!("/{component}"),

@@ -20,13 +20,13 @@ pub const KIND_MODULE: &str = "sigs.k8s.io/kind";
 
 /// The kind version the wrapper pins (`require sigs.k8s.io/kind vX`).
 pub fn pinned_version(go_mod: &str) -> Result<String> {
-    e2e::go_build::required_version(go_mod, KIND_MODULE)
+    local_cluster::go_build::required_version(go_mod, KIND_MODULE)
         .filter(|v| v.starts_with('v'))
         .with_context(|| format!("{WRAPPER_DIR}/go.mod does not require {KIND_MODULE}"))
 }
 
 fn go(wrapper: &Path) -> Command {
-    let go_cache = e2e::toolchain::cache_root().join("go");
+    let go_cache = local_cluster::toolchain::cache_root().join("go");
     let mut cmd = Command::new("go");
     cmd.current_dir(wrapper)
         .env("GOMODCACHE", go_cache.join("mod"))
@@ -55,7 +55,9 @@ pub fn ensure(repo_root: &Path) -> Result<PathBuf> {
     let go_mod = std::fs::read_to_string(wrapper.join("go.mod"))
         .with_context(|| format!("reading {}", wrapper.join("go.mod").display()))?;
     let version = pinned_version(&go_mod)?;
-    let dir = e2e::toolchain::cache_root().join("kind").join(&version);
+    let dir = local_cluster::toolchain::cache_root()
+        .join("kind")
+        .join(&version);
     let binary = dir.join("kind");
     if reported_version(&binary).as_deref() == Some(version.as_str()) {
         return Ok(binary);

@@ -16,9 +16,9 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::error::{Error, Result, io};
 use crate::manifests;
-use crate::toolchain::repo_root;
+use local_cluster::error::{Error, Result, io};
+use local_cluster::toolchain::repo_root;
 
 /// Release name the suite renders the charts under.
 pub const RELEASE: &str = "dra";
@@ -121,7 +121,7 @@ impl Helm {
             message: "does not require helm.sh/helm/v4".into(),
         })?;
         // The cache xtask's helm module builds into.
-        let cache = crate::toolchain::cache_root();
+        let cache = local_cluster::toolchain::cache_root();
         let dir = cache.join("helm").join(&version);
         let binary = dir.join("helm");
         if !binary.is_file() {

@@ -7,9 +7,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::{Error, Result, io};
 use crate::testbed::DriverKind;
-use crate::toolchain::repo_root;
+use local_cluster::error::{Error, Result, io};
+use local_cluster::toolchain::repo_root;
 
 /// Finds the directory holding the executables of `kinds`.
 pub fn driver_bin_dir(kinds: &[DriverKind]) -> Result<PathBuf> {
@@ -41,9 +41,9 @@ pub fn driver_bin_dir(kinds: &[DriverKind]) -> Result<PathBuf> {
         .ok_or_else(|| missing(candidates.first().map_or(Path::new("."), |p| p)))
 }
 
-/// A loopback port for a driver's metrics endpoint (see [`crate::ports`]).
+/// A loopback port for a driver's metrics endpoint (see [`local_cluster::ports`]).
 pub fn free_port() -> Result<u16> {
-    crate::ports::reserve(std::net::IpAddr::from([127, 0, 0, 1]), &|_| false)
+    local_cluster::ports::reserve(std::net::IpAddr::from([127, 0, 0, 1]), &|_| false)
 }
 
 /// A plain HTTP/1.0 GET on loopback; the body on a 200.

@@ -26,9 +26,9 @@ use crate::chart_testbed::host::{
     ChartHost, DRIVERS_IMAGE_REPOSITORY, DRIVERS_IMAGE_TAG, Deployment, HostPaths, NodeLayout,
     ROLE_LABEL, cri_image_ref,
 };
-use crate::cluster::TeardownReport;
-use crate::error::{Error, Result, io};
 use crate::testbed::{DriverKind, rescan_interval_env};
+use local_cluster::cluster::TeardownReport;
+use local_cluster::error::{Error, Result, io};
 
 /// Name of the kind cluster.
 pub const CLUSTER_NAME: &str = "aws-dra-e2e";

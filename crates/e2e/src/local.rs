@@ -30,15 +30,15 @@ use serde_json::{Value, json};
 use sysfs_fixtures::Fixture;
 
 use crate::charts::{self, Helm};
-use crate::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
-use crate::error::{Error, Result, io};
 use crate::host_env::{driver_bin_dir, free_port, http_get, rss_kib};
 use crate::manifests;
 use crate::manifests::GPU_TEST_MANIFEST;
 use crate::pod_adapt::adapt_pod_for_local;
 use crate::pools::wait_pool_complete;
 use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed};
-use crate::toolchain::PAUSE_IMAGE;
+use local_cluster::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
+use local_cluster::error::{Error, Result, io};
+use local_cluster::toolchain::PAUSE_IMAGE;
 
 /// How long a driver may take from start to a complete pool in the API.
 const SLICES_TIMEOUT: Duration = Duration::from_secs(90);

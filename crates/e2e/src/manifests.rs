@@ -14,7 +14,7 @@ use kube::discovery::{self, Scope};
 use kube::{Api, Client};
 use serde_json::Value;
 
-use crate::error::{Error, Result, io};
+use local_cluster::error::{Error, Result, io};
 
 /// The test GPU driver's DeviceClass, ServiceAccount and RBAC.
 pub const GPU_TEST_MANIFEST: &str = include_str!("../manifests/gpu-test-driver.yaml");

@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::toolchain::PROBE_IMAGE;
+use local_cluster::toolchain::PROBE_IMAGE;
 
 /// Makes an example pod runnable on the local cluster: the probe image
 /// (never pulled) instead of the example's, which prints what the container

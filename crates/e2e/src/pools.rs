@@ -7,8 +7,8 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::ListParams;
 
-use crate::error::Result;
 use crate::testbed::DriverKind;
+use local_cluster::error::Result;
 
 /// Polls the ResourceSlices of `kind`'s driver on Node `node_name` every
 /// 100 ms until their pool is complete with `expected` devices (`true`) or

@@ -16,10 +16,10 @@ use serde::Serialize;
 use sysfs_fixtures::Fixture;
 
 use crate::charts::{self, Chart};
-use crate::cluster::TeardownReport;
-use crate::cluster_config::selected_kubernetes_version;
-use crate::error::{Error, Result};
-use crate::versions::KubernetesVersion;
+use local_cluster::cluster::TeardownReport;
+use local_cluster::cluster_config::selected_kubernetes_version;
+use local_cluster::error::{Error, Result};
+use local_cluster::versions::KubernetesVersion;
 
 /// A driver the suite runs on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -116,9 +116,9 @@ impl DriverKind {
 /// selected release (`--partitions auto`, the default on every testbed:
 /// cores where the API server serves partitionable devices).
 pub fn cores_published() -> bool {
-    crate::cluster_config::selected_kubernetes_version()
+    local_cluster::cluster_config::selected_kubernetes_version()
         .release()
-        .is_ok_and(|r| r.has(crate::versions::DraFeature::PartitionableDevices))
+        .is_ok_and(|r| r.has(local_cluster::versions::DraFeature::PartitionableDevices))
 }
 
 /// The drivers' periodic rescan interval on every testbed

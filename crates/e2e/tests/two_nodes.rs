@@ -59,7 +59,7 @@ async fn two_nodes_run_probe_pods_and_teardown_is_clean() {
         let info = node.status.unwrap().node_info.unwrap();
         assert_eq!(
             info.kubelet_version,
-            e2e::cluster::selected_kubernetes_version().to_string(),
+            local_cluster::cluster::selected_kubernetes_version().to_string(),
             "real version via ldflags"
         );
         assert!(info.container_runtime_version.starts_with("containerd://"));

@@ -53,7 +53,7 @@ pub fn check(helm: &Helm, root: &Path) -> Result<()> {
         }
         // Rendered for the main release unless a variant names another:
         // the extended-resource classes follow the cluster's version.
-        let main = e2e::toolchain::default_kubernetes_version().to_string();
+        let main = local_cluster::toolchain::default_kubernetes_version().to_string();
         let variants: [(&str, Vec<PathBuf>, Expect, &str); 4] = [
             ("defaults", vec![], Expect::defaults(spec), &main),
             (

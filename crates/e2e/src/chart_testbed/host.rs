@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use sysfs_fixtures::Fixture;
 
-use crate::cluster::TeardownReport;
-use crate::error::Result;
 use crate::testbed::DriverKind;
+use local_cluster::cluster::TeardownReport;
+use local_cluster::error::Result;
 
 /// Prefix of the node labels that switch a driver on (`<prefix><binary>=run`).
 pub const RUN_LABEL_PREFIX: &str = "e2e.aws-dra.dev/";

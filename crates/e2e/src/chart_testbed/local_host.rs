@@ -7,14 +7,14 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::cluster::{ClusterConfig, LocalCluster, NodeSpec, TeardownReport};
-use crate::error::{Error, Result, io};
 use crate::host_env::{driver_bin_dir, rss_kib};
 use crate::pod_adapt::adapt_pod_for_local;
-use crate::process::run_checked;
 use crate::testbed::LocalOptions;
 use crate::testbed::{DriverKind, rescan_interval_env};
-use crate::versions::KubernetesVersion;
+use local_cluster::cluster::{ClusterConfig, LocalCluster, NodeSpec, TeardownReport};
+use local_cluster::error::{Error, Result, io};
+use local_cluster::process::run_checked;
+use local_cluster::versions::KubernetesVersion;
 
 use super::host::{
     ChartHost, DRIVERS_IMAGE_REPOSITORY, DRIVERS_IMAGE_TAG, Deployment, HostPaths, NodeLayout,
@@ -25,13 +25,13 @@ use super::{ChartTestbed, block};
 /// The image files: the three driver binaries in `/usr/local/bin` (as the
 /// Dockerfile puts them) and the shared libraries they load, from this
 /// host (Debian 12 here, the distroless base's release too).
-pub fn driver_image_spec(bin_dir: &Path) -> Result<crate::image::ImageSpec> {
+pub fn driver_image_spec(bin_dir: &Path) -> Result<local_cluster::image::ImageSpec> {
     let mut files = Vec::new();
     let mut libs = std::collections::BTreeSet::new();
     for kind in DriverKind::ALL {
         let bin = bin_dir.join(kind.binary());
         let bin = std::fs::canonicalize(&bin).map_err(io("resolving", &bin))?;
-        libs.extend(crate::image::shared_libraries(&bin)?);
+        libs.extend(local_cluster::image::shared_libraries(&bin)?);
         files.push((bin, format!("/usr/local/bin/{}", kind.binary())));
     }
     files.extend(libs.into_iter().map(|l| {
@@ -39,7 +39,7 @@ pub fn driver_image_spec(bin_dir: &Path) -> Result<crate::image::ImageSpec> {
         (l, inside)
     }));
     let (main, main_at) = files.remove(0);
-    Ok(crate::image::ImageSpec {
+    Ok(local_cluster::image::ImageSpec {
         reference: format!("{DRIVERS_IMAGE_REPOSITORY}:{DRIVERS_IMAGE_TAG}"),
         binary: main,
         entrypoint: main_at,
@@ -85,7 +85,7 @@ impl LocalChartHost {
         let client = cluster.client()?;
         let run_dir = cluster.run_dir().to_path_buf();
         let image_archive = run_dir.join("drivers.oci.tar");
-        crate::image::write_archive(&driver_image_spec(bin_dir)?, &image_archive)?;
+        local_cluster::image::write_archive(&driver_image_spec(bin_dir)?, &image_archive)?;
         let server = cluster
             .server_url()
             .trim_start_matches("https://")
@@ -117,7 +117,7 @@ impl LocalChartHost {
         c
     }
 
-    async fn local_node(&self, name: &str) -> Result<crate::node::LocalNode> {
+    async fn local_node(&self, name: &str) -> Result<local_cluster::node::LocalNode> {
         self.cluster
             .lock()
             .await

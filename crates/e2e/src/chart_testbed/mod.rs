@@ -50,13 +50,13 @@ use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::charts::{self, Chart, Helm};
-use crate::cluster::TeardownReport;
-use crate::error::{Error, Result, io};
 use crate::host_env::free_port;
 use crate::manifests;
 use crate::manifests::GPU_TEST_MANIFEST;
 use crate::pools::wait_pool_complete;
 use crate::testbed::{DriverKind, ManagedTestbed, NodeInfo, Testbed};
+use local_cluster::cluster::TeardownReport;
+use local_cluster::error::{Error, Result, io};
 
 use self::gpu_daemonset::gpu_test_daemonset;
 use self::host::{ChartHost, Deployment, NodeLayout, POD_DRIVER_LABEL, run_label};
@@ -525,7 +525,7 @@ impl<H: ChartHost> ManagedTestbed for ChartTestbed<H> {
 
 /// The chart's directory in this repository.
 fn chart_dir(chart: Chart) -> String {
-    crate::toolchain::repo_root()
+    local_cluster::toolchain::repo_root()
         .join("charts")
         .join(chart.name)
         .display()

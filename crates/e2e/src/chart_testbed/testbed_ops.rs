@@ -12,8 +12,8 @@ use kube::api::PostParams;
 use serde_json::{Value, json};
 
 use crate::charts::{self};
-use crate::error::{Error, Result};
 use crate::testbed::{DriverKind, ImageUpgrade, NodeInfo, Testbed, TestbedOp};
+use local_cluster::error::{Error, Result};
 
 use super::host::{ChartHost, POD_DRIVER_LABEL};
 use super::{ChartTestbed, POD_TIMEOUT, block, container_id, json_err, kube_err, pod_ready};

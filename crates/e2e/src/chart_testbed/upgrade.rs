@@ -25,9 +25,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 
 use crate::charts::{self, Chart};
-use crate::error::{Error, Result};
 use crate::host_env::free_port;
 use crate::testbed::{DriverKind, ImageUpgrade};
+use local_cluster::error::{Error, Result};
 
 use super::host::ChartHost;
 use super::{ChartTestbed, Unit, kube_err, pod_ready, pod_stuck};

@@ -25,7 +25,7 @@ use super::agreement;
 use super::allocate::{GONE, RUNNING, stays_pending};
 use super::kit::{self, attr_int, attr_str};
 use crate::testbed::{DriverKind, RESCAN_INTERVAL, Testbed};
-use crate::versions::DraFeature;
+use local_cluster::versions::DraFeature;
 
 /// How long after the rescan trigger a taint must be in the API (or gone
 /// from it). Typically under 2 s; 10 s because on the charts testbed the
@@ -377,7 +377,7 @@ const QUIET: Duration = Duration::from_secs(60);
 /// the driver neither crash nor rewrite its slices forever. On a release
 /// with taints it only checks that the taint is published and cleared.
 pub async fn taints_dropped(tb: &impl Testbed, _ns: &str) -> Result<()> {
-    let release = crate::cluster::selected_kubernetes_version()
+    let release = local_cluster::cluster::selected_kubernetes_version()
         .release()
         .map_err(|e| anyhow!("{e}"))?;
     let target = Target::efa(tb, "p5").await?;

@@ -14,7 +14,7 @@
 //! Every scenario is registered once, in the `scenarios!` list below: its
 //! name (also its namespace and its test name), what it proves, the DRA
 //! features it needs (a release without them reports it as skipped, with the
-//! reason, see [`crate::versions`]), the testbed operations it needs beyond
+//! reason, see [`local_cluster::versions`]), the testbed operations it needs beyond
 //! the common ones (`testbed [...]`: a testbed without them reports it as
 //! skipped, see [`TestbedOp`]) and the function that runs it.
 
@@ -40,7 +40,7 @@ mod upgrade;
 use anyhow::{Result, bail};
 
 use crate::testbed::{Testbed, TestbedOp};
-use crate::versions::{DraFeature, Release};
+use local_cluster::versions::{DraFeature, Release};
 
 /// One registered scenario.
 #[derive(Debug, Clone, Copy)]

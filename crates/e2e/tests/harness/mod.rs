@@ -5,10 +5,10 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use e2e::cluster::selected_kubernetes_version;
 use e2e::scenarios::{self, SCENARIOS};
 use e2e::{Figures, ManagedTestbed};
 use libtest_mimic::{Arguments, Failed, Trial};
+use local_cluster::cluster::selected_kubernetes_version;
 
 type Start<B> = Box<
     dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = e2e::Result<B>>>> + Send + Sync,

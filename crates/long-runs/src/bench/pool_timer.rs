@@ -17,8 +17,8 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::error::{Error, Result};
-use crate::pools::pool_complete;
+use e2e::pools::pool_complete;
+use local_cluster::error::{Error, Result};
 
 /// One watch event and when the watch task received it.
 type Stamped = (

@@ -30,7 +30,7 @@ use serde_json::json;
 
 use super::measure::Stats;
 use super::rounds::{self, NAMESPACE, grpc_totals, kube_err, kubelet_metrics};
-use crate::error::{Error, Result};
+use local_cluster::error::{Error, Result};
 
 const BURST_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -342,7 +342,7 @@ pub async fn run_burst(
 }
 
 fn read_from(path: &Path, offset: u64) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(crate::error::io("reading", path))?;
+    let bytes = std::fs::read(path).map_err(local_cluster::error::io("reading", path))?;
     let from = usize::try_from(offset).unwrap_or(0).min(bytes.len());
     Ok(String::from_utf8_lossy(&bytes[from..]).into_owned())
 }

@@ -21,9 +21,9 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 
 use super::cycles::NAMESPACE;
 use super::faults::{opt, opt_s};
-use crate::local::LocalTestbed;
-use crate::scenarios::kit;
-use crate::testbed::{DriverKind, Testbed};
+use e2e::local::LocalTestbed;
+use e2e::scenarios::kit;
+use e2e::testbed::{DriverKind, Testbed};
 
 const NODE: &str = "p5";
 const RUNNING: Duration = Duration::from_secs(180);

@@ -38,7 +38,9 @@ pub enum Error {
         "invalid Kubernetes version {0:?} (expected a minor such as 1.37 or an exact vMAJOR.MINOR.PATCH)"
     )]
     BadVersion(String),
-    #[error("Kubernetes 1.{minor} has no table in crates/e2e/src/versions.rs (known: {known})")]
+    #[error(
+        "Kubernetes 1.{minor} has no table in crates/local-cluster/src/versions.rs (known: {known})"
+    )]
     UnknownRelease { minor: u32, known: String },
     #[error("upstream go.mod {path} has no staging replace directives")]
     NoStagingReplaces { path: PathBuf },
@@ -110,10 +112,7 @@ fn tail_suffix(tail: &str) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Shorthand for the common "I/O on this path" error.
-pub(crate) fn io(
-    action: &'static str,
-    path: impl Into<PathBuf>,
-) -> impl FnOnce(std::io::Error) -> Error {
+pub fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.into();
     move |source| Error::Io {
         action,

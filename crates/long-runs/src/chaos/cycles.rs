@@ -37,8 +37,8 @@ use kube::api::{DeleteParams, ListParams};
 use serde_json::{Value, json};
 
 use super::{ChaosOptions, Rng};
-use crate::scenarios::kit;
-use crate::testbed::{DriverKind, Testbed};
+use e2e::scenarios::kit;
+use e2e::testbed::{DriverKind, Testbed};
 
 /// The namespace of the cycles.
 pub const NAMESPACE: &str = "chaos";

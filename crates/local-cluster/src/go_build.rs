@@ -38,21 +38,24 @@ pub const KUBERNETES_COMMANDS: [&str; 5] = [
 /// in every wrapper module too, built only for kind.
 pub const KIND_NODE_COMMANDS: [&str; 2] = ["kubeadm", "kube-proxy"];
 
-pub(crate) struct GoTarget {
-    pub(crate) name: &'static str,
-    pub(crate) package: String,
-    pub(crate) cgo: bool,
-    pub(crate) ldflags: String,
-    pub(crate) tags: String,
+/// One command of a wrapper module to build: the binary's name, its Go
+/// package, whether it needs cgo, and its `-ldflags` and `-tags`.
+pub struct GoTarget {
+    pub name: &'static str,
+    pub package: String,
+    pub cgo: bool,
+    pub ldflags: String,
+    pub tags: String,
 }
 
-pub(crate) struct GoToolchain {
+/// The Go toolchain the builds use (`$AWS_DRA_GO`, else the usual places).
+pub struct GoToolchain {
     go: PathBuf,
     version: String,
 }
 
 impl GoToolchain {
-    pub(crate) fn find() -> Result<Self> {
+    pub fn find() -> Result<Self> {
         let go = std::env::var_os("AWS_DRA_GO")
             .map(PathBuf::from)
             .or_else(|| {
@@ -87,7 +90,7 @@ impl GoToolchain {
 
 /// Builds `targets` of one wrapper module into `out_dir`, unless its stamp
 /// already matches.
-pub(crate) fn build_set(
+pub fn build_set(
     go: &GoToolchain,
     label: &str,
     module_dir: &Path,

@@ -16,10 +16,10 @@ use serde::Serialize;
 use super::burst::{self, Burst};
 use super::measure::{CostSample, IdleCost, Stats};
 use super::rounds;
-use crate::error::{Error, Result};
-use crate::local::LocalTestbed;
-use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
-use crate::versions::KubernetesVersion;
+use e2e::local::LocalTestbed;
+use e2e::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
+use local_cluster::error::{Error, Result};
+use local_cluster::versions::KubernetesVersion;
 
 const NODE: &str = "trn2";
 const INSTANCE_TYPE: &str = "trn2.48xlarge";
@@ -131,7 +131,7 @@ async fn run_mode(
     let kind = DriverKind::Neuron;
     rounds::create_namespace(&client).await?;
     // The testbed is up once the pool is complete; what it holds in this mode.
-    let devices = crate::scenarios::kit::slices(testbed, NODE, kind)
+    let devices = e2e::scenarios::kit::slices(testbed, NODE, kind)
         .await
         .map_err(|e| Error::Testbed(format!("reading the Neuron slices: {e:#}")))?
         .iter()

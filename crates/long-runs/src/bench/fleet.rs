@@ -24,10 +24,10 @@ use super::fleet_report::{FleetReport, FleetSize, Storm};
 use super::measure::{count_requests, proc_cpu_seconds, unix_now};
 use super::pool_timer::PoolTimer;
 use super::read_audit;
-use crate::cluster::{LocalCluster, client_from_kubeconfig};
-use crate::cluster_config::ClusterConfig;
-use crate::error::{Error, Result};
-use crate::versions::KubernetesVersion;
+use local_cluster::cluster::{LocalCluster, client_from_kubeconfig};
+use local_cluster::cluster_config::ClusterConfig;
+use local_cluster::error::{Error, Result};
+use local_cluster::versions::KubernetesVersion;
 
 /// The simulated nodes' driver name.
 pub const DRIVER_NAME: &str = "fleet.bench.aws-dra.dev";
@@ -86,7 +86,7 @@ fn fixture_devices(efa_driver: &Path, run_dir: &Path) -> Result<Vec<Device>> {
     let fixture = sysfs_fixtures::generate("p5.48xlarge", &run_dir.join("fleet-fixture"))?;
     let out = run_dir.join("fleet-slices.json");
     super::refdriver::discover_devices(efa_driver, &fixture.sys, &fixture.dev, "template", &out)?;
-    let text = std::fs::read_to_string(&out).map_err(crate::error::io("reading", &out))?;
+    let text = std::fs::read_to_string(&out).map_err(local_cluster::error::io("reading", &out))?;
     #[derive(serde::Deserialize)]
     struct List {
         items: Vec<ResourceSlice>,

@@ -37,10 +37,10 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 
-use crate::error::{Error, Result};
-use crate::local::LocalTestbed;
-use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
-use crate::versions::KubernetesVersion;
+use e2e::local::LocalTestbed;
+use e2e::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
+use local_cluster::error::{Error, Result};
+use local_cluster::versions::KubernetesVersion;
 use measure::{
     CostSample, IdleCost, Stats, claim_get_server_ms, count_requests, parse_audit_log,
     proc_memory_kib, unix_now,
@@ -173,7 +173,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
     let kubeconfig = testbed
         .bound_token_kubeconfig_as(
             NODE,
-            crate::charts::NAMESPACE,
+            e2e::charts::NAMESPACE,
             refdriver::SERVICE_ACCOUNT,
             refdriver::BINARY,
         )
@@ -199,7 +199,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         binary: options.refdriver.clone(),
         user: format!(
             "system:serviceaccount:{}:{}",
-            crate::charts::NAMESPACE,
+            e2e::charts::NAMESPACE,
             refdriver::SERVICE_ACCOUNT
         ),
         pid: process.pid(),
@@ -397,7 +397,8 @@ fn file_size(path: &Path) -> u64 {
 /// The audit log of the run so far.
 pub(crate) fn read_audit(run_dir: &Path) -> Result<Vec<measure::AuditRequest>> {
     let path = run_dir.join("audit.log");
-    let text = std::fs::read_to_string(&path).map_err(crate::error::io("reading", &path))?;
+    let text =
+        std::fs::read_to_string(&path).map_err(local_cluster::error::io("reading", &path))?;
     Ok(parse_audit_log(&text))
 }
 

@@ -17,8 +17,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::measure::{histogram_totals, label};
-use crate::error::{Error, Result};
-use crate::toolchain::PAUSE_IMAGE;
+use local_cluster::error::{Error, Result};
+use local_cluster::toolchain::PAUSE_IMAGE;
 
 /// The namespace the rounds run in.
 pub const NAMESPACE: &str = "bench";

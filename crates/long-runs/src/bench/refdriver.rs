@@ -9,11 +9,11 @@ use std::process::Command;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::charts::NAMESPACE;
-use crate::error::{Error, Result, io};
-use crate::go_build::{GoTarget, GoToolchain, Progress, build_set};
-use crate::manifests;
-use crate::paths::{cache_root, repo_root};
+use e2e::charts::NAMESPACE;
+use e2e::manifests;
+use local_cluster::error::{Error, Result, io};
+use local_cluster::go_build::{GoTarget, GoToolchain, Progress, build_set};
+use local_cluster::paths::{cache_root, repo_root};
 
 /// The reference driver's DRA driver name (and DeviceClass name).
 pub const DRIVER_NAME: &str = "efa-ref.bench.aws-dra.dev";
@@ -150,7 +150,7 @@ pub fn discover_devices(
 
 /// The reference driver's command line on a fixture node (the node's
 /// kubelet dirs and CDI dir come from the environment
-/// [`crate::LocalCluster::spawn_host_process`] sets).
+/// [`local_cluster::LocalCluster::spawn_host_process`] sets).
 pub fn command(binary: &Path, slices: &Path, sys: &Path, dev: &Path, kubeconfig: &Path) -> Command {
     let mut cmd = Command::new(binary);
     cmd.arg("--slices")
@@ -194,13 +194,16 @@ mod tests {
     #[test]
     fn module_pins_the_helper_library_at_the_main_release() {
         let go_mod = fs::read_to_string(repo_root().join("e2e/go/refdriver/go.mod")).unwrap();
-        let main = crate::versions::KubernetesVersion::resolve(&format!(
+        let main = local_cluster::versions::KubernetesVersion::resolve(&format!(
             "1.{}",
-            crate::versions::MAIN_MINOR
+            local_cluster::versions::MAIN_MINOR
         ))
         .unwrap();
         assert_eq!(
-            crate::go_build::required_version(&go_mod, "k8s.io/dynamic-resource-allocation"),
+            local_cluster::go_build::required_version(
+                &go_mod,
+                "k8s.io/dynamic-resource-allocation"
+            ),
             Some(main.staging_version())
         );
     }

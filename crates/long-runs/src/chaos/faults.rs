@@ -22,10 +22,10 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams};
 
 use super::cycles::NAMESPACE;
-use crate::local::LocalTestbed;
-use crate::pools::wait_pool_complete;
-use crate::scenarios::kit;
-use crate::testbed::{DriverKind, Testbed};
+use e2e::local::LocalTestbed;
+use e2e::pools::wait_pool_complete;
+use e2e::scenarios::kit;
+use e2e::testbed::{DriverKind, Testbed};
 
 const RUNNING: Duration = Duration::from_secs(180);
 const DRIVERS: [(&str, DriverKind); 4] = [

@@ -289,7 +289,7 @@ pub fn on_interrupt(hook: Hook) -> TeardownGuard {
 
 /// Runs `cmd` to completion and returns its stdout; a failure to start or a
 /// non-zero exit is an error that names the command and carries its output.
-pub(crate) fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
+pub fn run_checked(cmd: &mut std::process::Command) -> Result<String> {
     let rendered = format!("{cmd:?}");
     let out = cmd.output().map_err(|source| Error::Spawn {
         command: rendered.clone(),

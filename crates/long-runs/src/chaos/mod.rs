@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::local::LocalTestbed;
-use crate::testbed::{LocalOptions, ManagedTestbed};
-use crate::versions::KubernetesVersion;
 pub use cycles::CycleFigures;
 pub use disk::DiskFigures;
+use e2e::local::LocalTestbed;
+use e2e::testbed::{LocalOptions, ManagedTestbed};
 pub use faults::FaultFigures;
+use local_cluster::versions::KubernetesVersion;
 
 /// What to run.
 #[derive(Debug, Clone)]

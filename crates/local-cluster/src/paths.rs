@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 /// Root of the repository, where the wrapper Go modules live.
 pub fn repo_root() -> PathBuf {
-    // crates/e2e → repository root; this is a developer tool run from a checkout.
+    // crates/local-cluster → repository root; this is a developer tool run from a checkout.
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
