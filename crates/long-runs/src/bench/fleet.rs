@@ -24,6 +24,7 @@ use super::fleet_report::{FleetReport, FleetSize, Storm};
 use super::measure::{count_requests, proc_cpu_seconds, unix_now};
 use super::pool_timer::PoolTimer;
 use super::read_audit;
+use super::rounds::kube_err;
 use local_cluster::cluster::{LocalCluster, client_from_kubeconfig};
 use local_cluster::cluster_config::ClusterConfig;
 use local_cluster::error::{Error, Result};
@@ -100,10 +101,6 @@ fn fixture_devices(efa_driver: &Path, run_dir: &Path) -> Result<Vec<Device>> {
         .into_iter()
         .flat_map(|s| s.spec.devices.unwrap_or_default())
         .collect())
-}
-
-fn kube_err(action: String) -> impl FnOnce(kube::Error) -> Error {
-    move |source| Error::Kube { action, source }
 }
 
 fn apiserver_cpu(cluster: &LocalCluster) -> f64 {
