@@ -30,12 +30,10 @@ pub use chart_testbed::ChartTestbed;
 pub use chart_testbed::host::ChartHost;
 pub use chart_testbed::local_host::LocalChartHost;
 pub use local::LocalTestbed;
-pub use local_cluster::LocalNode;
-pub use local_cluster::{Binaries, PAUSE_IMAGE, PROBE_IMAGE};
+// The cluster's main types, where the suite's users have always found them.
 pub use local_cluster::{
-    ClusterConfig, HostProcess, LocalCluster, NODE_IP, NodeSpec, TeardownReport,
+    Binaries, ClusterConfig, DraFeature, Error, HostProcess, KubernetesVersion, LocalCluster,
+    LocalNode, NODE_IP, NodeSpec, PAUSE_IMAGE, PROBE_IMAGE, Release, Result, TeardownReport,
     client_from_kubeconfig,
 };
-pub use local_cluster::{DraFeature, KubernetesVersion, Release};
-pub use local_cluster::{Error, Result};
 pub use testbed::{DriverKind, Figures, LocalOptions, ManagedTestbed, NodeInfo, Testbed};
