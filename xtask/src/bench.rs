@@ -76,7 +76,7 @@ struct DriverArgs {
     #[arg(long, default_value_t = 600)]
     steady_secs: u64,
     /// Burst sizes, comma-separated: N pods with a one-device claim each,
-    /// created at once (`long_runs::bench::burst`); `--bursts ''` runs none.
+    /// created at once (`long_runs::bench::burst`); `--burst-rounds 0` runs none.
     #[arg(long, value_delimiter = ',', default_values_t = [8usize, 16, 32])]
     bursts: Vec<usize>,
     /// Bursts of each size per driver.
@@ -210,7 +210,14 @@ fn run_fleet(args: FleetArgs) -> Result<()> {
 
 fn run_neuron(args: NeuronArgs) -> Result<()> {
     let (bin_dir, version, work) = prepare(&args.common)?;
+    let t = Instant::now();
+    let mut progress: local_cluster::go_build::Progress = Box::new(move |line: &str| {
+        eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
+    });
+    let refdriver = long_runs::bench::refdriver::build(&mut progress)
+        .context("building the reference Go driver (e2e/go/refdriver)")?;
     let options = long_runs::bench::neuron::NeuronBenchOptions {
+        refdriver,
         steady: Duration::from_secs(args.steady_secs),
         bursts: args.bursts,
         burst_rounds: args.burst_rounds,

@@ -31,7 +31,7 @@ use topology::{PciAddress, SysfsRoot};
 
 use crate::attributes;
 use crate::discovery::{self, DiscoveryError, UnusableReason};
-use crate::health::{self, CounterSample};
+use crate::health::{self, CounterSample, EfaCounters};
 use crate::prepare::EfaDriver;
 
 /// Subsystems whose events can change the EFA set.
@@ -95,6 +95,9 @@ pub struct EfaInventory {
     published: BTreeMap<String, Device>,
     /// The last counter sample of each EFA, for the error rates.
     samples: BTreeMap<String, CounterSample>,
+    /// The counter files of each EFA, by device name, held open while the
+    /// discovery is reused (closed at every full discovery).
+    counters: BTreeMap<String, EfaCounters>,
     /// The last discovery, reused while nothing it depends on changed.
     cached: Option<CachedDiscovery>,
 }
@@ -102,7 +105,7 @@ pub struct EfaInventory {
 /// A full discovery at least every this many scans (once a minute at the
 /// default 10 s rescan), whatever the fingerprint says: the fallback for a
 /// change no listed directory shows.
-pub const FULL_SCAN_EVERY: u32 = 6;
+pub const FULL_SCAN_EVERY: u32 = 60;
 
 /// What changes when an EFA comes, goes, binds or unbinds, or its kernel
 /// driver is reloaded: the names in the PCI device list, the `infiniband`
@@ -168,6 +171,7 @@ impl EfaInventory {
             metrics,
             published: BTreeMap::new(),
             samples: BTreeMap::new(),
+            counters: BTreeMap::new(),
             cached: None,
         }
     }
@@ -186,6 +190,7 @@ impl EfaInventory {
             return Ok((cached.found.clone(), cached.devices.clone()));
         }
         self.cached = None;
+        self.counters.clear();
         let found = discovery::discover(&self.root)?;
         let devices = attributes::devices(&found);
         if let Some(fingerprint) = fingerprint {
@@ -246,11 +251,11 @@ impl DeviceInventory for EfaInventory {
         let mut samples = BTreeMap::new();
         let mut out: BTreeMap<String, ScannedDevice> = BTreeMap::new();
         for (efa, device) in found.efas.iter().zip(devices) {
-            let (conditions, sample) = health::read(
-                &ib_class.join(&efa.rdma_device),
-                self.samples.get(&device.name),
-                now,
-            );
+            let dirs = self
+                .counters
+                .entry(device.name.clone())
+                .or_insert_with(|| EfaCounters::new(ib_class.join(&efa.rdma_device)));
+            let (conditions, sample) = health::read(dirs, self.samples.get(&device.name), now);
             if let Some(sample) = sample {
                 samples.insert(device.name.clone(), sample);
             }

@@ -8,7 +8,11 @@
 //
 //   - Devices: the ResourceSlices that `efa-driver discover` printed for the
 //     node (a JSON List, --slices), republished under this driver's own name
-//     with the same device names, attributes and capacity.
+//     with the same device names, attributes, capacity and shared counters.
+//     `cargo xtask bench neuron` gives it `neuron-driver discover`'s slices
+//     instead, for the idle cost of a Go driver publishing the same Neuron
+//     devices (it prepares only EFAs, and the Neuron bench prepares none
+//     through it).
 //   - Prepare: for each allocated device, the PCI function is read from sysfs
 //     (its uverbs node, its RDMA device), exactly one directory per device as
 //     efa-driver does; the claim gets one CDI spec with the uverbs node, the
@@ -91,7 +95,7 @@ func run(c config) error {
 	if c.nodeName == "" || c.slicesFile == "" {
 		return errors.New("--node-name and --slices are required")
 	}
-	devices, err := readDevices(c.slicesFile)
+	slices, devices, err := readSlices(c.slicesFile)
 	if err != nil {
 		return err
 	}
@@ -132,40 +136,46 @@ func run(c config) error {
 	}
 	defer helper.Stop()
 	pools := map[string]resourceslice.Pool{
-		c.nodeName: {Slices: []resourceslice.Slice{{Devices: devices}}},
+		c.nodeName: {Slices: slices},
 	}
 	if err := helper.PublishResources(ctx, resourceslice.DriverResources{Pools: pools}); err != nil {
 		return fmt.Errorf("publishing: %w", err)
 	}
-	klog.InfoS("serving", "driver", c.driverName, "node", c.nodeName, "devices", len(devices))
+	klog.InfoS("serving", "driver", c.driverName, "node", c.nodeName, "slices", len(slices), "devices", devices)
 	<-ctx.Done()
 	return nil
 }
 
-// readDevices takes the devices of every slice in a JSON List.
-func readDevices(path string) ([]resourceapi.Device, error) {
+// readSlices takes every slice of a JSON List as it is (its devices and
+// its shared counters, which partitioned devices consume: the Neuron
+// driver's NeuronCores), and counts the devices.
+func readSlices(path string) ([]resourceslice.Slice, int, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var list struct {
 		Items []resourceapi.ResourceSlice `json:"items"`
 	}
 	if err := json.Unmarshal(data, &list); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, 0, fmt.Errorf("%s: %w", path, err)
 	}
-	var devices []resourceapi.Device
+	var slices []resourceslice.Slice
+	devices := 0
 	for _, s := range list.Items {
+		slice := resourceslice.Slice{SharedCounters: s.Spec.SharedCounters}
 		for _, dev := range s.Spec.Devices {
-			// Health taints are efa-driver's own; a fixture has none.
+			// Health taints are the drivers' own; a fixture has none.
 			dev.Taints = nil
-			devices = append(devices, dev)
+			slice.Devices = append(slice.Devices, dev)
 		}
+		devices += len(slice.Devices)
+		slices = append(slices, slice)
 	}
-	if len(devices) == 0 {
-		return nil, fmt.Errorf("%s lists no devices", path)
+	if devices == 0 {
+		return nil, 0, fmt.Errorf("%s lists no devices", path)
 	}
-	return devices, nil
+	return slices, devices, nil
 }
 
 type driver struct {

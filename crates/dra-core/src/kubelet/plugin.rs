@@ -559,8 +559,12 @@ macro_rules! dra_service_version {
 dra_service_version!(dra_v1);
 dra_service_version!(dra_v1beta1);
 
-/// How often [`sweep_abandoned`] looks for abandoned temp files.
-const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often [`sweep_abandoned`] looks for abandoned temp files: as often as
+/// they can become removable ([`crate::prepare::atomic::ABANDONED_AFTER`]).
+/// Only a killed writer leaves them, so after the sweeps that follow a
+/// start there is nothing to find; sweeping every 10 s cost an idle driver
+/// six wake-ups, a blocking thread and two directory listings a minute.
+const SWEEP_EVERY: std::time::Duration = crate::prepare::atomic::ABANDONED_AFTER;
 
 /// Until `shutdown`: removes, every [`SWEEP_EVERY`], the temp files of this
 /// driver's CDI specs and checkpoint that a killed writer left behind

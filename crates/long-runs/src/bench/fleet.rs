@@ -21,7 +21,8 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::fleet_report::{FleetReport, FleetSize, Storm};
-use super::measure::{count_requests, proc_cpu_seconds, unix_now};
+use super::idle::proc_cpu_seconds;
+use super::measure::{count_requests, unix_now};
 use super::pool_timer::PoolTimer;
 use super::read_audit;
 use super::rounds::kube_err;
@@ -86,7 +87,14 @@ async fn run_on(cluster: &LocalCluster, options: &FleetOptions) -> Result<FleetR
 fn fixture_devices(efa_driver: &Path, run_dir: &Path) -> Result<Vec<Device>> {
     let fixture = sysfs_fixtures::generate("p5.48xlarge", &run_dir.join("fleet-fixture"))?;
     let out = run_dir.join("fleet-slices.json");
-    super::refdriver::discover_devices(efa_driver, &fixture.sys, &fixture.dev, "template", &out)?;
+    super::refdriver::discover_devices(
+        efa_driver,
+        &[],
+        &fixture.sys,
+        &fixture.dev,
+        "template",
+        &out,
+    )?;
     let text = std::fs::read_to_string(&out).map_err(local_cluster::error::io("reading", &out))?;
     #[derive(serde::Deserialize)]
     struct List {

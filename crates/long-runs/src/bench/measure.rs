@@ -1,6 +1,7 @@
 //! The benchmark's measuring instruments, all plain parsing: Prometheus text
-//! (kubelet's DRA gRPC histogram), `/proc` (memory, CPU time), the API
-//! server's audit log (requests per client), and summary statistics.
+//! (kubelet's DRA gRPC histogram), `/proc` (memory), the API server's audit
+//! log (requests per client), and summary statistics. What a process costs
+//! at rest (CPU time, wake-ups) is [`super::idle`].
 
 use std::collections::BTreeMap;
 
@@ -97,99 +98,6 @@ pub fn proc_memory_kib(pid: i32) -> Option<(u64, u64)> {
             .and_then(|v| v.parse().ok())
     };
     Some((field("VmRSS:")?, field("VmHWM:")?))
-}
-
-/// User + system CPU time of a process so far, seconds.
-pub fn proc_cpu_seconds(pid: i32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    cpu_seconds_from_stat(&stat, clock_ticks())
-}
-
-fn clock_ticks() -> f64 {
-    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .map_or(100.0, |t| t as f64)
-}
-
-fn cpu_seconds_from_stat(stat: &str, ticks: f64) -> Option<f64> {
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After ')': state is field 3 of the whole line, utime 14, stime 15.
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / ticks)
-}
-
-/// Wake-ups of a process so far: the voluntary context switches of all its
-/// threads (a thread that blocks and is woken again counts one), summed over
-/// `/proc/<pid>/task/*/status`. Threads that have exited are not counted
-/// (one that exits while the directory is read is skipped), so compare two
-/// samples of a process whose threads live (tokio's workers). `None` when
-/// the process is gone.
-pub fn proc_wakeups(pid: i32) -> Option<u64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut total = 0;
-    for task in tasks.flatten() {
-        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
-            continue;
-        };
-        total += voluntary_switches(&status).unwrap_or(0);
-    }
-    Some(total)
-}
-
-fn voluntary_switches(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// CPU time and wake-ups of a process over a window at rest.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct IdleCost {
-    pub window_s: f64,
-    /// User + system CPU time per minute of the window, ms.
-    pub cpu_ms_per_min: f64,
-    /// Voluntary context switches per minute of the window.
-    pub wakeups_per_min: f64,
-}
-
-/// A sample of a process's CPU time and wake-ups, to difference later.
-#[derive(Debug, Clone, Copy)]
-pub struct CostSample {
-    at: std::time::Instant,
-    cpu_s: f64,
-    wakeups: u64,
-}
-
-impl CostSample {
-    pub fn take(pid: i32) -> Option<CostSample> {
-        Some(CostSample {
-            at: std::time::Instant::now(),
-            cpu_s: proc_cpu_seconds(pid)?,
-            wakeups: proc_wakeups(pid)?,
-        })
-    }
-
-    /// The cost from `self` to `later`, per minute.
-    pub fn until(&self, later: &CostSample) -> IdleCost {
-        let window_s = later.at.duration_since(self.at).as_secs_f64();
-        let per_min = |x: f64| {
-            if window_s > 0.0 {
-                x * 60.0 / window_s
-            } else {
-                0.0
-            }
-        };
-        IdleCost {
-            window_s,
-            cpu_ms_per_min: per_min((later.cpu_s - self.cpu_s) * 1e3),
-            wakeups_per_min: per_min(later.wakeups.saturating_sub(self.wakeups) as f64),
-        }
-    }
 }
 
 /// One request in the audit log (metadata level).
@@ -343,36 +251,6 @@ pub fn unix_now() -> f64 {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn wakeups_are_the_voluntary_switches() {
-        let status =
-            "Name:\tefa-driver\nvoluntary_ctxt_switches:\t1234\nnonvoluntary_ctxt_switches:\t56\n";
-        assert_eq!(super::voluntary_switches(status), Some(1234));
-        assert_eq!(super::voluntary_switches("Name:\tx\n"), None);
-        // This test's own process: its threads come and go (the harness
-        // runs tests on threads), which must not make the sample fail.
-        assert!(super::proc_wakeups(std::process::id() as i32).is_some());
-        assert_eq!(super::proc_wakeups(i32::MAX), None);
-    }
-
-    #[test]
-    fn idle_cost_is_per_minute() {
-        let t = std::time::Instant::now();
-        let a = super::CostSample {
-            at: t,
-            cpu_s: 1.0,
-            wakeups: 100,
-        };
-        let b = super::CostSample {
-            at: t + std::time::Duration::from_secs(30),
-            cpu_s: 1.5,
-            wakeups: 400,
-        };
-        let c = a.until(&b);
-        assert!((c.cpu_ms_per_min - 1000.0).abs() < 1e-6, "{c:?}");
-        assert!((c.wakeups_per_min - 600.0).abs() < 1e-6, "{c:?}");
-    }
-
     use super::*;
 
     const KUBELET: &str = r#"# HELP dra_grpc_operations_duration_seconds [ALPHA] Duration
@@ -418,13 +296,6 @@ dra_grpc_operations_duration_seconds_count{driver_name="a",grpc_status_code="OK"
         );
         assert!((s.mean - 10.5).abs() < 1e-9);
         assert_eq!(Stats::of(&[]).n, 0);
-    }
-
-    #[test]
-    fn cpu_time_from_stat_survives_odd_names() {
-        let stat =
-            "42 (kube apiserver) S 1 42 42 0 -1 4194560 100 0 0 0 250 150 0 0 20 0 10 0 5 0 0";
-        assert_eq!(cpu_seconds_from_stat(stat, 100.0), Some(4.0));
     }
 
     #[test]

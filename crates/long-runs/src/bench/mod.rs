@@ -23,6 +23,7 @@ pub mod breakdown;
 pub mod burst;
 pub mod fleet;
 mod fleet_report;
+pub mod idle;
 pub mod measure;
 pub mod neuron;
 pub mod pool_timer;
@@ -39,18 +40,18 @@ use kube::api::{DeleteParams, ListParams};
 
 use e2e::local::LocalTestbed;
 use e2e::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
+use idle::{IdleCost, IdleMeter};
 use local_cluster::error::{Error, Result};
 use local_cluster::versions::KubernetesVersion;
 use measure::{
-    CostSample, IdleCost, Stats, claim_get_server_ms, count_requests, parse_audit_log,
-    proc_memory_kib, unix_now,
+    Stats, claim_get_server_ms, count_requests, parse_audit_log, proc_memory_kib, unix_now,
 };
 pub use report::{BenchReport, DriverFigures};
 
 /// The node both drivers run on.
 pub const NODE: &str = "p5";
 const INSTANCE_TYPE: &str = "p5.48xlarge";
-const START_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -129,6 +130,7 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
     let efa_binary = options.bin_dir.join(efa.binary());
     let (slices_file, ref_devices) = refdriver::discover_devices(
         &efa_binary,
+        &[],
         &node.fixture.sys,
         &node.fixture.dev,
         NODE,
@@ -223,17 +225,14 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         options.steady.as_secs()
     );
     let from = unix_now();
-    let cost_from: Vec<Option<CostSample>> = [&ours, &reference]
+    let meters: Vec<IdleMeter> = [&ours, &reference]
         .iter()
-        .map(|s| CostSample::take(s.pid))
+        .map(|s| IdleMeter::start(s.pid, s.short))
         .collect();
     tokio::time::sleep(options.steady).await;
     let to = unix_now();
-    let idle_cost: Vec<Option<IdleCost>> = [&ours, &reference]
-        .iter()
-        .zip(&cost_from)
-        .map(|(s, from)| Some(from.as_ref()?.until(&CostSample::take(s.pid)?)))
-        .collect();
+    let idle_cost: Vec<Option<IdleCost>> = meters.iter().map(IdleMeter::cost).collect();
+    drop(meters);
     // The audit log is written in batches of at most a second.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let audit = read_audit(&run_dir)?;

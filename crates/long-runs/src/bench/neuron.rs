@@ -5,17 +5,24 @@
 //! - CPU time and wake-ups of the driver over an idle window, at the
 //!   driver's default rescan interval (what a node pays at rest);
 //! - bursts of single-chip pods (N = 16 by default: every chip at once),
-//!   timed as the EFA bursts are ([`super::burst`]). There is no Go
-//!   reference for Neuron here: the figures are ours alone.
+//!   timed as the EFA bursts are ([`super::burst`]).
+//!
+//! The idle window measures, beside our driver, the Go reference driver
+//! ([`super::refdriver`]) publishing the same devices (`neuron-driver
+//! discover` of the node, shared counters included) under its own name:
+//! what a Go driver on the upstream helper costs at rest with this pool. It
+//! reads no health and never rescans; it serves no Neuron prepare, so the
+//! bursts are ours alone.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::burst::{self, Burst};
-use super::measure::{CostSample, IdleCost, Stats};
-use super::rounds;
+use super::idle::{IdleCost, IdleMeter};
+use super::measure::Stats;
+use super::{pool_timer, refdriver, rounds};
 use e2e::local::LocalTestbed;
 use e2e::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
 use local_cluster::error::{Error, Result};
@@ -34,6 +41,8 @@ pub struct NeuronBenchOptions {
     pub kubernetes_version: KubernetesVersion,
     /// Where `neuron-driver` (release build) is.
     pub bin_dir: PathBuf,
+    /// The reference driver's binary ([`refdriver::build`]).
+    pub refdriver: PathBuf,
 }
 
 /// One mode's figures.
@@ -44,6 +53,10 @@ pub struct NeuronRun {
     /// Devices in the pool once complete.
     pub devices: usize,
     pub idle_cost: Option<IdleCost>,
+    /// The Go reference publishing the same devices, same window. Reports
+    /// before this field: absent.
+    #[serde(default)]
+    pub reference_idle_cost: Option<IdleCost>,
     pub bursts: Vec<Burst>,
 }
 
@@ -63,12 +76,22 @@ impl NeuronBenchReport {
         for run in &self.runs {
             let idle = run.idle_cost.map_or("-".to_string(), |c| {
                 format!(
-                    "CPU {:.1} ms/min, wake-ups {:.0}/min",
-                    c.cpu_ms_per_min, c.wakeups_per_min
+                    "CPU {:.1} ms/min{}, wake-ups {:.0}/min",
+                    c.cpu_ms_per_min,
+                    if c.cpu_exact { "" } else { " (clock ticks)" },
+                    c.wakeups_per_min
+                )
+            });
+            let reference = run.reference_idle_cost.map_or("-".to_string(), |c| {
+                format!(
+                    "CPU {:.1} ms/min{}, wake-ups {:.0}/min",
+                    c.cpu_ms_per_min,
+                    if c.cpu_exact { "" } else { " (clock ticks)" },
+                    c.wakeups_per_min
                 )
             });
             out.push(format!(
-                "partitions {:<5} ({} devices): at rest {idle}",
+                "partitions {:<5} ({} devices): at rest {idle}; Go reference, same devices: {reference}",
                 run.partitions, run.devices
             ));
             let mut sizes: Vec<usize> = run.bursts.iter().map(|b| b.pods).collect();
@@ -140,14 +163,19 @@ async fn run_mode(
     let pid = testbed
         .driver_pid(NODE, kind)
         .ok_or_else(|| Error::Testbed("neuron-driver has no pid".into()))?;
+    let reference = start_reference(testbed, options, partitions, devices).await?;
     eprintln!(
-        "bench neuron: partitions {partitions}: {devices} devices; idle for {} s",
+        "bench neuron: partitions {partitions}: {devices} devices, published by both drivers; idle for {} s",
         options.steady.as_secs()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let from = CostSample::take(pid);
+    let meters = [
+        IdleMeter::start(pid, "neuron"),
+        IdleMeter::start(reference.pid(), "ref"),
+    ];
     tokio::time::sleep(options.steady).await;
-    let idle_cost = from.and_then(|f| Some(f.until(&CostSample::take(pid)?)));
+    let [idle_cost, reference_idle_cost] = [meters[0].cost(), meters[1].cost()];
+    drop(meters);
     let node_dir = testbed
         .local_node(NODE)
         .await
@@ -182,6 +210,61 @@ async fn run_mode(
         partitions: partitions.into(),
         devices,
         idle_cost,
+        reference_idle_cost,
         bursts,
     })
+}
+
+/// Starts the Go reference on the node with the devices `neuron-driver
+/// discover` lists in this mode, and waits for its pool.
+async fn start_reference(
+    testbed: &LocalTestbed,
+    options: &NeuronBenchOptions,
+    partitions: &str,
+    devices: usize,
+) -> Result<local_cluster::HostProcess> {
+    let client = testbed.client();
+    refdriver::install(&client).await?;
+    let node = testbed
+        .nodes()
+        .into_iter()
+        .find(|n| n.name == NODE)
+        .ok_or_else(|| Error::Testbed(format!("no node {NODE}")))?;
+    let (slices, listed) = refdriver::discover_devices(
+        &options.bin_dir.join(DriverKind::Neuron.binary()),
+        &[("NEURON_PARTITIONS", partitions)],
+        &node.fixture.sys,
+        &node.fixture.dev,
+        NODE,
+        &testbed
+            .run_dir()
+            .join(format!("refdriver-slices-{partitions}.json")),
+    )?;
+    if listed != devices {
+        return Err(Error::Testbed(format!(
+            "neuron-driver discover listed {listed} devices, the driver published {devices}"
+        )));
+    }
+    let kubeconfig = testbed
+        .bound_token_kubeconfig_as(
+            NODE,
+            e2e::charts::NAMESPACE,
+            refdriver::SERVICE_ACCOUNT,
+            refdriver::BINARY,
+        )
+        .await?;
+    let mut timer = pool_timer::PoolTimer::start(&client, refdriver::DRIVER_NAME).await?;
+    let command = refdriver::command(
+        &options.refdriver,
+        &slices,
+        &node.fixture.sys,
+        &node.fixture.dev,
+        &kubeconfig,
+    );
+    let t = Instant::now();
+    let process = testbed
+        .spawn_on_node(NODE, refdriver::BINARY, command)
+        .await?;
+    timer.wait(1, devices, t, super::START_TIMEOUT).await?;
+    Ok(process)
 }

@@ -98,17 +98,20 @@ pub async fn install(client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
-/// Writes the devices the reference driver publishes: `efa-driver discover`
-/// of the node's fixture, under the reference driver's name. Returns the
+/// Writes the devices the reference driver publishes: `<driver> discover`
+/// of the node's fixture (`efa-driver`, or `neuron-driver` for the Neuron
+/// bench, with `env` set), under the reference driver's name. Returns the
 /// file and the number of devices.
 pub fn discover_devices(
-    efa_driver: &Path,
+    driver: &Path,
+    env: &[(&str, &str)],
     sys: &Path,
     dev: &Path,
     node: &str,
     out: &Path,
 ) -> Result<(PathBuf, usize)> {
-    let output = Command::new(efa_driver)
+    let output = Command::new(driver)
+        .envs(env.iter().copied())
         .arg("discover")
         .arg("--sysfs-root")
         .arg(sys)
@@ -121,18 +124,18 @@ pub fn discover_devices(
         .args(["--output", "json"])
         .output()
         .map_err(|source| Error::Spawn {
-            command: format!("{} discover", efa_driver.display()),
+            command: format!("{} discover", driver.display()),
             source,
         })?;
     if !output.status.success() {
         return Err(Error::CommandFailed {
-            command: format!("{} discover", efa_driver.display()),
+            command: format!("{} discover", driver.display()),
             status: output.status.to_string(),
             output_tail: String::from_utf8_lossy(&output.stderr).into_owned(),
         });
     }
     let list: Value = serde_json::from_slice(&output.stdout).map_err(|source| Error::Json {
-        what: "efa-driver discover output".into(),
+        what: format!("{} discover output", driver.display()),
         source,
     })?;
     let devices = list["items"]

@@ -4,7 +4,8 @@ use serde::Serialize;
 
 use super::breakdown::Breakdown;
 use super::burst::Burst;
-use super::measure::{IdleCost, RequestCounts, Stats};
+use super::idle::IdleCost;
+use super::measure::{RequestCounts, Stats};
 use super::rounds::Round;
 
 /// Everything measured of one driver.
@@ -158,7 +159,11 @@ impl BenchReport {
         );
         if let (Some(a), Some(b)) = (&o.idle_cost, &r.idle_cost) {
             row(
-                "CPU at rest per minute",
+                if a.cpu_exact && b.cpu_exact {
+                    "CPU at rest per minute"
+                } else {
+                    "CPU at rest per minute (clock ticks)"
+                },
                 a.cpu_ms_per_min,
                 b.cpu_ms_per_min,
                 "ms",
