@@ -5,8 +5,11 @@
 //! appear or disappear (module reload, driver unbind, a chip the kernel
 //! driver takes offline) are found by a rescan, which `dra-core` runs on
 //! uevents of the `pci` and `neuron_device` subsystems and periodically (see
-//! the rescan loop of `dra-core`). A scan reads three small files per chip. A chip's
-//! PCI lookup (an ioctl that opens the chip) is not repeated on rescans: the
+//! the rescan loop of `dra-core`). A discovery reads three small files per
+//! chip; a scan makes one only when the fingerprint changed or every
+//! [`FULL_SCAN_EVERY`] scans, and reuses the last one otherwise. Health is
+//! read on every scan, through held files ([`HeldFiles`]). A chip's PCI
+//! lookup (an ioctl that opens the chip) is not repeated on rescans: the
 //! [`BdfCache`] keeps it while the chip stays. Each successful scan replaces
 //! the [`SharedInventory`] that prepare reads.
 
@@ -21,8 +24,8 @@ use topology::SysfsRoot;
 
 use crate::attributes::network_node_layers;
 use crate::bdf::{BdfSource, NeuronIoctl};
-use crate::discovery::{BdfCache, DiscoveryError, discover};
-use crate::health;
+use crate::discovery::{BdfCache, DiscoveryError, NEURON_CLASS, NodeInventory, discover};
+use crate::health::{self, HeldFiles};
 use crate::partitions::{self, Layout, NeuronFlags, PartitionMode, PartitionsFlag};
 use crate::prepare::{NeuronDriver, SharedInventory};
 use crate::ultraserver::{self, UltraServer};
@@ -46,6 +49,61 @@ pub struct NeuronInventory {
     network_node_layers: BTreeMap<u32, String>,
     /// The UltraServer state last logged, to log each change once.
     logged_ultraserver: Option<UltraServer>,
+    /// The last discovery, reused while nothing it depends on changed.
+    reused: Option<Reused>,
+    /// The chips' health files, held open while the discovery is reused.
+    held: HeldFiles,
+}
+
+/// A full discovery at least every this many scans (every 10 minutes at
+/// the default 10 s rescan), whatever the fingerprint says: the fallback
+/// for a change no listed file shows (the EFA driver's rule).
+pub const FULL_SCAN_EVERY: u32 = 60;
+
+/// What changes when a chip comes or goes, its device node appears or
+/// goes, the `neuron` module is reloaded at another version, or the
+/// UltraServer election ends: the `neuron_device` class listing, the
+/// chips' device nodes, the module's version and the class-level
+/// UltraServer files. Reading it costs one listing and a few small files,
+/// against three files, an `lstat` and the PCI function's sysfs entry per
+/// chip for a discovery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    entries: Vec<String>,
+    device_nodes: Vec<bool>,
+    module: Option<String>,
+    ultraserver: ultraserver::Files,
+}
+
+impl Fingerprint {
+    /// `None` when the class cannot be listed or the module's version
+    /// read (then nothing is reused).
+    fn read(sysfs: &SysfsRoot, dev_root: &std::path::Path) -> Option<Fingerprint> {
+        let class = sysfs.class_dir(NEURON_CLASS);
+        let mut entries = topology::sysfs::list_dir(&class).ok()?.unwrap_or_default();
+        entries.sort();
+        let device_nodes = entries
+            .iter()
+            .map(|e| std::fs::symlink_metadata(dev_root.join(e)).is_ok())
+            .collect();
+        Some(Fingerprint {
+            entries,
+            device_nodes,
+            module: sysfs.module_version("neuron").ok()?,
+            ultraserver: ultraserver::read_files(&class),
+        })
+    }
+}
+
+/// The last discovery, its fingerprint, how many scans reused it, and the
+/// devices last built from it (with the layout and labels they were built
+/// for).
+#[derive(Debug)]
+struct Reused {
+    fingerprint: Fingerprint,
+    inventory: NodeInventory,
+    scans: u32,
+    devices: Option<(Layout, BTreeMap<u32, String>, Vec<Device>)>,
 }
 
 impl NeuronInventory {
@@ -62,7 +120,61 @@ impl NeuronInventory {
             counters: None,
             network_node_layers: BTreeMap::new(),
             logged_ultraserver: None,
+            reused: None,
+            held: HeldFiles::default(),
         }
+    }
+
+    /// The chips: discovered again when the [`Fingerprint`] changed or
+    /// after [`FULL_SCAN_EVERY`] scans, else the last discovery. Health is
+    /// read on every scan whatever this returns.
+    fn discover(&mut self) -> Result<NodeInventory, DiscoveryError> {
+        let fingerprint = Fingerprint::read(&self.sysfs, &self.dev_root);
+        if let (Some(last), Some(now)) = (&mut self.reused, &fingerprint)
+            && last.fingerprint == *now
+            && last.scans < FULL_SCAN_EVERY - 1
+        {
+            last.scans += 1;
+            return Ok(last.inventory.clone());
+        }
+        self.reused = None;
+        self.held = HeldFiles::default();
+        let found = discover(
+            &self.sysfs,
+            &self.dev_root,
+            self.bdf.as_ref(),
+            &mut self.cache,
+        )?;
+        if let Some(fingerprint) = fingerprint {
+            self.reused = Some(Reused {
+                fingerprint,
+                inventory: found.clone(),
+                scans: 0,
+                devices: None,
+            });
+        }
+        Ok(found)
+    }
+
+    /// The devices of `inventory` in `layout`: the last ones built when
+    /// the discovery, the layout and the labels are the same.
+    fn devices(&mut self, inventory: &NodeInventory, layout: Layout) -> Vec<Device> {
+        let Some(reused) = &mut self.reused else {
+            return partitions::devices(inventory, layout);
+        };
+        if let Some((l, layers, devices)) = &reused.devices
+            && *l == layout
+            && *layers == inventory.network_node_layers
+        {
+            return devices.clone();
+        }
+        let devices = partitions::devices(inventory, layout);
+        reused.devices = Some((
+            layout,
+            inventory.network_node_layers.clone(),
+            devices.clone(),
+        ));
+        devices
     }
 
     /// What is published besides chips: cores per the partition mode, and
@@ -195,12 +307,7 @@ impl DeviceInventory for NeuronInventory {
 
     /// Every device with the health of its chip ([`crate::health`]).
     fn scan(&mut self) -> Result<Vec<ScannedDevice>, DiscoveryError> {
-        let mut inventory = discover(
-            &self.sysfs,
-            &self.dev_root,
-            self.bdf.as_ref(),
-            &mut self.cache,
-        )?;
+        let mut inventory = self.discover()?;
         inventory.network_node_layers = self.network_node_layers.clone();
         self.log_ultraserver(&inventory.ultraserver.clone());
         let class = self.sysfs.class_dir("neuron_device");
@@ -212,11 +319,13 @@ impl DeviceInventory for NeuronInventory {
             .map(|c| {
                 (
                     i64::from(c.index),
-                    health::read(&class.join(format!("neuron{}", c.index))),
+                    health::read(&class.join(format!("neuron{}", c.index)), &mut self.held),
                 )
             })
             .collect();
-        let scanned = partitions::devices(&inventory, self.layout())
+        let layout = self.layout();
+        let scanned = self
+            .devices(&inventory, layout)
             .into_iter()
             .map(|device| {
                 let conditions = match chip_index(&device) {
@@ -236,5 +345,75 @@ impl DeviceInventory for NeuronInventory {
 
     fn driver(&self) -> NeuronDriver {
         NeuronDriver::new(self.shared.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bdf::StaticBdf;
+    use sysfs_fixtures::health::{Fault, inject};
+    use topology::PciAddress;
+
+    /// Between full discoveries a scan reuses the last one; health is read
+    /// on every scan; a chip whose device node goes changes the
+    /// fingerprint and is seen at the next scan; a change no listed file
+    /// shows (here a chip's core count) is seen within FULL_SCAN_EVERY.
+    #[test]
+    fn reused_discoveries_see_every_change_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let fx = sysfs_fixtures::generate("trn2.48xlarge", dir.path()).unwrap();
+        let bdf = StaticBdf {
+            answers: fx
+                .neuron_chips
+                .iter()
+                .map(|c| {
+                    (
+                        fx.dev.join(format!("neuron{}", c.index)),
+                        Ok(c.bdf.parse::<PciAddress>().unwrap()),
+                    )
+                })
+                .collect(),
+        };
+        let host = HostPaths {
+            sysfs_root: fx.sys.clone(),
+            dev_root: fx.dev.clone(),
+        };
+        let mut inventory =
+            NeuronInventory::new(&host, Box::new(bdf)).with_mode(PartitionMode::Cores);
+        let first = inventory.scan().unwrap();
+        assert_eq!(first.len(), 144);
+        let scans = |inv: &NeuronInventory| inv.reused.as_ref().map(|r| r.scans);
+
+        inject(&fx.sys, &Fault::NeuronSramUncorrected { chip: 0 }).unwrap();
+        let faulty = inventory.scan().unwrap();
+        assert_eq!(scans(&inventory), Some(1), "reused");
+        let chip0 = faulty
+            .iter()
+            .find(|s| s.device.name == "neurondevice0")
+            .unwrap();
+        assert!(
+            !chip0.health.conditions.is_empty(),
+            "health read on a reused discovery"
+        );
+
+        std::fs::remove_file(fx.dev.join("neuron3")).unwrap();
+        let without = inventory.scan().unwrap();
+        assert_eq!(scans(&inventory), Some(0), "a full discovery");
+        assert!(!without.iter().any(|s| s.device.name == "neurondevice3"));
+
+        let cores = fx.sys.join("class/neuron_device/neuron1/core_count");
+        std::fs::write(&cores, "4").unwrap();
+        let seen = (1..=FULL_SCAN_EVERY).find(|_| {
+            inventory.scan().unwrap();
+            inventory
+                .shared()
+                .read()
+                .unwrap()
+                .chip(1)
+                .map(|c| c.core_count)
+                == Some(4)
+        });
+        assert!(seen.is_some(), "the core count change was never seen");
     }
 }
