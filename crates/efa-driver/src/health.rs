@@ -148,11 +148,12 @@ impl EfaCounters {
     }
 
     /// Reads held counter `slot`: `Ok(None)` when not reported.
+    /// The path is built only to open the counter or to fall back to it:
+    /// a read through a held handle allocates nothing.
     fn read_held(&mut self, slot: usize) -> io::Result<Option<u64>> {
-        let path = self.held_path(slot);
         let handle = match &self.held[slot] {
             Some(handle) => handle,
-            None => match File::open(&path) {
+            None => match File::open(self.held_path(slot)) {
                 Ok(handle) => self.held[slot].insert(handle),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(e),
@@ -163,7 +164,7 @@ impl EfaCounters {
             Ok(n) => Ok(parse_bytes(&buf[..n])),
             Err(e) if is_stale(&e) => {
                 self.held[slot] = None;
-                read_counter(&path)
+                read_counter(&self.held_path(slot))
             }
             Err(e) => Err(e),
         }
