@@ -70,6 +70,19 @@ pub struct IdleCost {
     pub wakeups_per_min: f64,
 }
 
+impl IdleCost {
+    /// `CPU 3.3 ms/min, wake-ups 31/min`, with `(clock ticks)` after the
+    /// CPU figure when it is not [`IdleCost::cpu_exact`].
+    pub fn summary(&self) -> String {
+        format!(
+            "CPU {:.1} ms/min{}, wake-ups {:.0}/min",
+            self.cpu_ms_per_min,
+            if self.cpu_exact { "" } else { " (clock ticks)" },
+            self.wakeups_per_min
+        )
+    }
+}
+
 /// A sample of a process's CPU time and wake-ups, to difference later.
 #[derive(Debug, Clone, Copy)]
 pub struct CostSample {
@@ -304,6 +317,15 @@ mod tests {
         let c = a.until(&b);
         assert!((c.cpu_ms_per_min - 500.0).abs() < 1e-6, "{c:?}");
         assert!(c.cpu_exact);
+        assert_eq!(c.summary(), "CPU 500.0 ms/min, wake-ups 600/min");
+        let ticks = IdleCost {
+            cpu_exact: false,
+            ..c
+        };
+        assert_eq!(
+            ticks.summary(),
+            "CPU 500.0 ms/min (clock ticks), wake-ups 600/min"
+        );
     }
 
     #[test]

@@ -74,22 +74,10 @@ impl NeuronBenchReport {
             self.kubernetes_version, self.steady_secs
         )];
         for run in &self.runs {
-            let idle = run.idle_cost.map_or("-".to_string(), |c| {
-                format!(
-                    "CPU {:.1} ms/min{}, wake-ups {:.0}/min",
-                    c.cpu_ms_per_min,
-                    if c.cpu_exact { "" } else { " (clock ticks)" },
-                    c.wakeups_per_min
-                )
-            });
-            let reference = run.reference_idle_cost.map_or("-".to_string(), |c| {
-                format!(
-                    "CPU {:.1} ms/min{}, wake-ups {:.0}/min",
-                    c.cpu_ms_per_min,
-                    if c.cpu_exact { "" } else { " (clock ticks)" },
-                    c.wakeups_per_min
-                )
-            });
+            let idle = run.idle_cost.map_or("-".to_string(), |c| c.summary());
+            let reference = run
+                .reference_idle_cost
+                .map_or("-".to_string(), |c| c.summary());
             out.push(format!(
                 "partitions {:<5} ({} devices): at rest {idle}; Go reference, same devices: {reference}",
                 run.partitions, run.devices
