@@ -88,6 +88,11 @@ struct DriverArgs {
 
 #[derive(clap::Args)]
 struct FleetArgs {
+    /// Node shapes, comma-separated, each run at every size: `p5` (32 EFAs),
+    /// `trn2-cores` (NeuronCore partitions and 16 EFAs), `trn2-chips`
+    /// (whole chips and 16 EFAs).
+    #[arg(long, value_delimiter = ',', default_values = ["p5", "trn2-cores"])]
+    shapes: Vec<long_runs::bench::fleet::shape::FleetShape>,
     /// Fleet sizes, comma-separated, run one after the other.
     #[arg(long, value_delimiter = ',', default_values_t = [50usize, 200, 500])]
     nodes: Vec<usize>,
@@ -190,14 +195,18 @@ fn run_drivers(args: DriverArgs) -> Result<()> {
 fn run_fleet(args: FleetArgs) -> Result<()> {
     let (bin_dir, version, work) = prepare(&args.common)?;
     let options = long_runs::bench::fleet::FleetOptions {
+        shapes: args.shapes,
         nodes: args.nodes,
         steady: Duration::from_secs(args.steady_secs),
         storm_window: Duration::from_secs(args.storm_secs),
         kubernetes_version: version.clone(),
         efa_driver: bin_dir.join("efa-driver"),
+        neuron_driver: bin_dir.join("neuron-driver"),
     };
+    let shapes: Vec<String> = options.shapes.iter().map(ToString::to_string).collect();
     eprintln!(
-        "==> bench fleet: Kubernetes {version}, sizes {:?}",
+        "==> bench fleet: Kubernetes {version}, shapes {}, sizes {:?}",
+        shapes.join(","),
         options.nodes
     );
     let runtime = tokio::runtime::Runtime::new()?;

@@ -138,9 +138,7 @@ impl Expect {
             device_classes: std::iter::once(spec.driver.to_owned())
                 .chain(extended_classes(spec).into_iter().map(|(c, _)| c))
                 .collect(),
-            extra_args: std::iter::once("--log-format=json".to_string())
-                .chain(neuron_only(spec, "--partitions=chips"))
-                .collect(),
+            extra_args: vec!["--log-format=json".into()],
             cel: if spec.name == EFA.name {
                 vec![]
             } else {
@@ -244,7 +242,7 @@ impl Expect {
                     "neurondevice.neuron.aws.com".into(),
                     "neuroncore.neuron.aws.com".into(),
                 ],
-                extra_args: vec!["--log-format=text".into(), "--partitions=auto".into()],
+                extra_args: vec!["--log-format=text".into()],
                 cel: [
                     (
                         "trn2.neuron.aws.com".into(),
@@ -273,22 +271,11 @@ impl Expect {
             sysfs_root: format!("{FIXTURE_MOUNT}/sys"),
             image: None,
             dev_root: format!("{FIXTURE_MOUNT}/dev"),
-            // The kind testbed opts in to NeuronCores, as every testbed.
-            extra_args: std::iter::once("--log-format=text".to_string())
-                .chain(neuron_only(
-                    spec,
-                    &format!("--partitions={}", e2e::testbed::TESTBED_PARTITIONS),
-                ))
-                .collect(),
+            extra_args: vec!["--log-format=text".into()],
             // The kind testbed's extraEnv (the short rescan interval the
             // health scenarios rely on), exactly as the testbed sets it.
             extra_env: e2e::kind_host::deployment().extra_env,
             ..Expect::defaults(spec)
         })
     }
-}
-
-/// `arg` for the Neuron chart, nothing for the EFA chart.
-fn neuron_only(spec: &ChartSpec, arg: &str) -> Option<String> {
-    (spec.name != EFA.name).then(|| arg.to_string())
 }
