@@ -79,6 +79,9 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let options = LocalOptions {
         bin_dir: Some(bin_dir),
         kubernetes_version: version.clone(),
+        // The drivers' defaults (the testbeds opt in to NeuronCores): what
+        // a cluster that installs them as they are gets.
+        driver_env: Vec::new(),
         ..LocalOptions::default()
     };
     let runtime = tokio::runtime::Runtime::new()?;

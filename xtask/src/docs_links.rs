@@ -6,10 +6,12 @@
 //! missing from the index before this check). The walk starts at the index
 //! and follows Markdown links `[text](target)` whose target is relative;
 //! links that leave `docs/` (to `../examples/`, a crate) are checked for
-//! existence but not walked. Limits: anchors (`#section`) are not checked,
-//! nor are absolute URLs; links inside code blocks are skipped.
+//! existence but not walked. An anchor (`page.md#section`, `#section`)
+//! into a Markdown page must be one of its headings' slugs or explicit
+//! anchors ([`crate::docs_anchors`]). Limits: absolute URLs are not
+//! checked; links inside code blocks are skipped.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
@@ -40,6 +42,7 @@ pub fn check(docs: &Path) -> Result<Report> {
     let mut queue = VecDeque::from([index]);
     let mut broken = Vec::new();
     let mut links = 0;
+    let mut anchors: BTreeMap<PathBuf, BTreeSet<String>> = BTreeMap::new();
     while let Some(page) = queue.pop_front() {
         if page.extension().is_none_or(|e| e != "md") {
             continue;
@@ -47,12 +50,32 @@ pub fn check(docs: &Path) -> Result<Report> {
         let text = std::fs::read_to_string(&page)
             .with_context(|| format!("reading {}", page.display()))?;
         let dir = page.parent().unwrap_or(docs);
-        for target in relative_links(&text) {
+        for (target, anchor) in links_of(&text) {
             links += 1;
-            let path = normalize(&dir.join(&target));
+            let path = if target.is_empty() {
+                page.clone()
+            } else {
+                normalize(&dir.join(&target))
+            };
             if !path.exists() {
                 broken.push(format!("{} -> {target}", rel(docs, &page)));
                 continue;
+            }
+            if let Some(anchor) = anchor
+                && path.extension().is_some_and(|e| e == "md")
+                && path.is_file()
+            {
+                if !anchors.contains_key(&path) {
+                    let markdown = std::fs::read_to_string(&path)
+                        .with_context(|| format!("reading {}", path.display()))?;
+                    anchors.insert(path.clone(), crate::docs_anchors::anchors(&markdown));
+                }
+                if !anchors[&path].contains(&anchor) {
+                    broken.push(format!(
+                        "{} -> {target}#{anchor} (no such heading or anchor)",
+                        rel(docs, &page)
+                    ));
+                }
             }
             if path.starts_with(docs) && path.is_file() && reached.insert(path.clone()) {
                 queue.push_back(path);
@@ -111,10 +134,11 @@ fn normalize(p: &Path) -> PathBuf {
     out
 }
 
-/// The relative link targets of a Markdown page, without their anchor:
+/// Every relative link of a Markdown page as `(path, anchor)`:
 /// `[text](target)` outside fenced code blocks and inline code, skipping
-/// URLs (`scheme:`), pure anchors and absolute paths.
-pub fn relative_links(markdown: &str) -> Vec<String> {
+/// URLs (`scheme:`) and absolute paths; the path is empty for a link within
+/// the page (`#section`).
+fn links_of(markdown: &str) -> Vec<(String, Option<String>)> {
     let mut out = Vec::new();
     let mut fenced = false;
     for line in markdown.lines() {
@@ -138,9 +162,13 @@ pub fn relative_links(markdown: &str) -> Vec<String> {
             let after = &rest[at + 2..];
             let Some(end) = after.find(')') else { break };
             let target = after[..end].split_whitespace().next().unwrap_or_default();
-            let path = target.split('#').next().unwrap_or_default();
-            if !path.is_empty() && !path.contains(':') && !path.starts_with('/') {
-                out.push(path.to_owned());
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a.to_owned())),
+                None => (target, None),
+            };
+            let relative = !path.contains(':') && !path.starts_with('/');
+            if relative && (!path.is_empty() || anchor.as_ref().is_some_and(|a| !a.is_empty())) {
+                out.push((path.to_owned(), anchor));
             }
             rest = &after[end..];
         }
@@ -156,7 +184,15 @@ mod tests {
     fn links_are_found_outside_code_only() {
         let md = "See [a](a.md#x) and [b](../b/ \"t\"), [web](https://x.io/y.md), [top](#top).\n\
                   `[not](code.md)` and\n```\n[not](fenced.md)\n```\n[c](sub/c.md)\n";
-        assert_eq!(relative_links(md), ["a.md", "../b/", "sub/c.md"]);
+        let got = links_of(md);
+        let want = [
+            ("a.md", Some("x")),
+            ("../b/", None),
+            ("", Some("top")),
+            ("sub/c.md", None),
+        ]
+        .map(|(p, a)| (p.to_owned(), a.map(str::to_owned)));
+        assert_eq!(got, want);
     }
 
     #[test]
@@ -175,5 +211,22 @@ mod tests {
         std::fs::write(d.join("b.md"), "[o](./orphan.md)\n").unwrap();
         let r = check(d).unwrap();
         assert_eq!((r.files, r.links), (4, 3));
+    }
+
+    #[test]
+    fn anchors_must_name_a_heading() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(
+            d.join("README.md"),
+            "# Top\n[a](a.md#which-mode) [self](#top) [gone](a.md#gone) [me](#nope)\n",
+        )
+        .unwrap();
+        std::fs::write(d.join("a.md"), "## Which mode?\n[back](README.md#top)\n").unwrap();
+        let e = format!("{:#}", check(d).unwrap_err());
+        assert!(e.contains("README.md -> a.md#gone"), "{e}");
+        assert!(e.contains("README.md -> #nope"), "{e}");
+        assert!(!e.contains("which-mode"), "{e}");
+        assert!(!e.contains("#top"), "{e}");
     }
 }

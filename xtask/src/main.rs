@@ -9,6 +9,7 @@ mod charts;
 mod ci;
 mod demo;
 mod docker;
+mod docs_anchors;
 mod docs_links;
 mod e2e;
 #[cfg(test)]

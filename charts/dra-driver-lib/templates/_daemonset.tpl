@@ -93,6 +93,9 @@ spec:
             {{- if .Values.allowDevicePluginCoexistence }}
             - --allow-device-plugin-coexistence
             {{- end }}
+            {{- with include "dra-driver-lib.driverArgs" . }}
+            {{- . | nindent 12 }}
+            {{- end }}
           env:
             - name: NODE_NAME
               valueFrom:

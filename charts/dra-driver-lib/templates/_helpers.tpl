@@ -48,6 +48,11 @@ app.kubernetes.io/part-of: aws-dra-drivers
 {{- include (printf "%s.binary" .Chart.Name) . -}}
 {{- end -}}
 
+{{/* The driver's own flags of `run` (one "- --flag=value" line each), from its chart's values. */}}
+{{- define "dra-driver-lib.driverArgs" -}}
+{{- include (printf "%s.driverArgs" .Chart.Name) . -}}
+{{- end -}}
+
 {{- define "dra-driver-lib.devSubPath" -}}
 {{- include (printf "%s.devSubPath" .Chart.Name) . -}}
 {{- end -}}

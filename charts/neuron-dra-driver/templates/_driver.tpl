@@ -6,3 +6,5 @@
 {{- define "neuron-dra-driver.nodeVerbs" -}}"get", "patch"{{- end -}}
 {{/* The only Node labels the driver may change (dra-driver-lib.nodelabelspolicy). */}}
 {{- define "neuron-dra-driver.nodeLabelPrefix" -}}neuron.amazonaws.com/ultraserver-{{- end -}}
+{{/* --partitions (values.yaml `partitions`). */}}
+{{- define "neuron-dra-driver.driverArgs" -}}- --partitions={{ .Values.partitions }}{{- end -}}

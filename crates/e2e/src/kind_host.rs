@@ -64,6 +64,7 @@ pub fn deployment() -> Deployment {
         gpu_test_image: format!("{DRIVERS_IMAGE_REPOSITORY}:{DRIVERS_IMAGE_TAG}"),
         host_network: false,
         extra_env: vec![rescan_interval_env()],
+        neuron_partitions: Some(crate::testbed::TESTBED_PARTITIONS.into()),
         tolerations: None,
         per_node_releases: false,
         unique_metrics_ports: false,

@@ -74,21 +74,24 @@ impl DriverKind {
     }
 
     /// How many devices the driver publishes for `fixture` on the
-    /// selected Kubernetes release: the Neuron driver adds one device per
-    /// NeuronCore where the release serves partitionable devices
-    /// ([`cores_published`]), and there too the whole-node device of a Trn2
-    /// UltraServer member (it needs counters as well).
+    /// selected Kubernetes release, started as every testbed starts it
+    /// ([`TESTBED_PARTITIONS`]: NeuronCores where the release serves
+    /// partitionable devices).
     pub fn expected_devices(self, fixture: &Fixture) -> usize {
-        self.expected_devices_in(fixture, &[])
+        self.expected_devices_in(fixture, &[testbed_partitions_env()])
     }
 
-    /// [`Self::expected_devices`] of a driver started with `env`, where
-    /// `NEURON_PARTITIONS=chips|cores` overrides `--partitions auto`.
+    /// [`Self::expected_devices`] of a driver started with `env` (the last
+    /// `NEURON_PARTITIONS` in it wins; none: the driver's default,
+    /// `chips`). Cores are published with `cores`, and with `auto` where
+    /// the release keeps counters; the whole-node device of a Trn2
+    /// UltraServer member wherever the release keeps counters.
     pub fn expected_devices_in(self, fixture: &Fixture, env: &[(String, String)]) -> usize {
-        let cores = match env.iter().find(|(k, _)| k == "NEURON_PARTITIONS") {
-            Some((_, v)) if v == "chips" => false,
+        let counters = cores_published();
+        let cores = match env.iter().rev().find(|(k, _)| k == "NEURON_PARTITIONS") {
             Some((_, v)) if v == "cores" => true,
-            _ => cores_published(),
+            Some((_, v)) if v == "auto" => counters,
+            _ => false,
         };
         let ultraserver_member = fixture.spec.neuron.as_ref().is_some_and(|n| {
             matches!(
@@ -96,6 +99,7 @@ impl DriverKind {
                 sysfs_fixtures::UltraServerSpec::Member { .. }
             )
         });
+        let node_device = usize::from(ultraserver_member && counters);
         match self {
             DriverKind::Efa => fixture.efas.len(),
             DriverKind::Neuron if cores => {
@@ -104,17 +108,31 @@ impl DriverKind {
                     .iter()
                     .map(|c| 1 + c.core_count as usize)
                     .sum::<usize>()
-                    + usize::from(ultraserver_member)
+                    + node_device
             }
-            DriverKind::Neuron => fixture.neuron_chips.len(),
+            DriverKind::Neuron => fixture.neuron_chips.len() + node_device,
             DriverKind::GpuTest => fixture.gpus.len(),
         }
     }
 }
 
-/// Whether the Neuron driver publishes NeuronCores as partitions on the
-/// selected release (`--partitions auto`, the default on every testbed:
-/// cores where the API server serves partitionable devices).
+/// The Neuron driver's `--partitions` on every testbed (host processes,
+/// Helm charts, kind): `auto`, so that the scenarios of NeuronCores and of
+/// the device plugins' `aws.amazon.com/neuroncore` find cores where the
+/// release serves them. The driver's own default is `chips` (cores cost
+/// the scheduler on every claim, docs/neuron.md); `cargo xtask demo` runs
+/// the defaults.
+pub const TESTBED_PARTITIONS: &str = "auto";
+
+/// `(NEURON_PARTITIONS, TESTBED_PARTITIONS)`.
+pub fn testbed_partitions_env() -> (String, String) {
+    ("NEURON_PARTITIONS".into(), TESTBED_PARTITIONS.into())
+}
+
+/// Whether the selected release keeps counters (serves partitionable
+/// devices): where the Neuron driver publishes NeuronCores when asked to
+/// (`--partitions auto`, as on every testbed), and the whole-node device of
+/// an UltraServer node.
 pub fn cores_published() -> bool {
     local_cluster::cluster_config::selected_kubernetes_version()
         .release()
@@ -194,8 +212,9 @@ pub struct LocalOptions {
     /// default, as production does, so its figures at rest are the ones a
     /// node pays.
     pub rescan_interval: Option<Duration>,
-    /// Environment the drivers start with besides the testbed's own (the
-    /// Neuron benchmark's `NEURON_PARTITIONS`).
+    /// Environment the drivers start with besides the rescan interval:
+    /// [`TESTBED_PARTITIONS`] by default; the Neuron benchmark sets its own
+    /// `NEURON_PARTITIONS`, the demo none (the drivers' defaults).
     pub driver_env: Vec<(String, String)>,
 }
 
@@ -231,7 +250,7 @@ impl Default for LocalOptions {
             audit_log: false,
             kubelet_sync_frequency: None,
             rescan_interval: None,
-            driver_env: Vec::new(),
+            driver_env: vec![testbed_partitions_env()],
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct NeuronInventory {
     cache: BdfCache,
     shared: SharedInventory,
     flag: PartitionsFlag,
+    /// Why the Node's label replaced the flag (or was ignored), if it did.
+    flag_from_label: Option<String>,
     mode: PartitionMode,
     /// Whether the API server keeps counters (`None`: not asked): the
     /// whole-node device of an UltraServer node needs them.
@@ -116,6 +118,7 @@ impl NeuronInventory {
             cache: BdfCache::default(),
             shared: Arc::new(RwLock::new(Default::default())),
             flag: PartitionsFlag::Chips,
+            flag_from_label: None,
             mode: PartitionMode::Chips,
             counters: None,
             network_node_layers: BTreeMap::new(),
@@ -267,13 +270,19 @@ impl DeviceInventory for NeuronInventory {
         Ok(inventory)
     }
 
-    fn wants_api_probe(flags: &NeuronFlags) -> bool {
-        flags.partitions != PartitionsFlag::Chips
+    /// Always: cores need counters, and so does the whole-node device of
+    /// an UltraServer node, which is published whatever `--partitions` says.
+    fn wants_api_probe(_: &NeuronFlags) -> bool {
+        true
     }
 
-    /// Resolves `--partitions` and logs the mode and why, once.
+    /// Resolves `--partitions` (or the Node's label) and logs the mode and
+    /// why, once.
     fn set_api_support(&mut self, support: &ApiSupport) {
-        let (mode, reason) = partitions::resolve(self.flag, support);
+        let (mode, mut reason) = partitions::resolve(self.flag, support);
+        if let Some(label) = &self.flag_from_label {
+            reason = format!("{label}; {reason}");
+        }
         self.mode = mode;
         self.counters = support.partitionable_devices;
         if mode == PartitionMode::Cores && support.partitionable_devices == Some(false) {
@@ -290,8 +299,13 @@ impl DeviceInventory for NeuronInventory {
 
     const NODE_LABELS: &'static [&'static str] = ultraserver::NODE_LABELS;
 
+    /// Also where a node pool opts in to cores (or out):
+    /// [`partitions::PARTITIONS_LABEL`] overrides `--partitions`.
     fn set_node_labels(&mut self, labels: &BTreeMap<String, String>) {
         self.network_node_layers = network_node_layers(labels);
+        let (flag, why) = self.flag.with_node_label(labels);
+        self.flag = flag;
+        self.flag_from_label = why;
     }
 
     /// The UltraServer labels of a member node; none otherwise (also while
@@ -359,10 +373,10 @@ mod tests {
     /// on every scan; a chip whose device node goes changes the
     /// fingerprint and is seen at the next scan; a change no listed file
     /// shows (here a chip's core count) is seen within FULL_SCAN_EVERY.
-    #[test]
-    fn reused_discoveries_see_every_change_in_time() {
-        let dir = tempfile::tempdir().unwrap();
-        let fx = sysfs_fixtures::generate("trn2.48xlarge", dir.path()).unwrap();
+    /// An inventory of a generated trn2.48xlarge (the chips' PCI
+    /// addresses answered from the fixture).
+    fn trn2(dir: &std::path::Path) -> (sysfs_fixtures::Fixture, NeuronInventory) {
+        let fx = sysfs_fixtures::generate("trn2.48xlarge", dir).unwrap();
         let bdf = StaticBdf {
             answers: fx
                 .neuron_chips
@@ -379,8 +393,55 @@ mod tests {
             sysfs_root: fx.sys.clone(),
             dev_root: fx.dev.clone(),
         };
-        let mut inventory =
-            NeuronInventory::new(&host, Box::new(bdf)).with_mode(PartitionMode::Cores);
+        let inventory = NeuronInventory::new(&host, Box::new(bdf));
+        (fx, inventory)
+    }
+
+    /// Whole chips unless the flag or the node pool's label asks for cores
+    /// (and the server keeps counters).
+    #[test]
+    fn cores_only_where_a_node_opts_in() {
+        let kept = ApiSupport {
+            partitionable_devices: Some(true),
+            reason: "kept".into(),
+        };
+        let dropped = ApiSupport {
+            partitionable_devices: Some(false),
+            reason: "dropped".into(),
+        };
+        let label = |v: &str| BTreeMap::from([(partitions::PARTITIONS_LABEL.into(), v.into())]);
+        let cases = [
+            (None, BTreeMap::new(), &kept, 16),
+            (None, label("auto"), &kept, 144),
+            (None, label("auto"), &dropped, 16),
+            (None, label("bogus"), &kept, 16),
+            (Some(PartitionsFlag::Auto), BTreeMap::new(), &kept, 144),
+            (Some(PartitionsFlag::Auto), label("chips"), &kept, 16),
+        ];
+        for (flag, labels, support, want) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let (_fx, mut inventory) = trn2(dir.path());
+            if let Some(flag) = flag {
+                inventory.flag = flag;
+            }
+            inventory.set_node_labels(&labels);
+            inventory.set_api_support(support);
+            let devices = inventory.scan().unwrap();
+            assert_eq!(
+                devices.len(),
+                want,
+                "{flag:?} {labels:?} {}",
+                support.reason
+            );
+            assert_eq!(inventory.counter_sets().is_empty(), want == 16);
+        }
+    }
+
+    #[test]
+    fn reused_discoveries_see_every_change_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fx, inventory) = trn2(dir.path());
+        let mut inventory = inventory.with_mode(PartitionMode::Cores);
         let first = inventory.scan().unwrap();
         assert_eq!(first.len(), 144);
         let scans = |inv: &NeuronInventory| inv.reused.as_ref().map(|r| r.scans);

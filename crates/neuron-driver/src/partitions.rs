@@ -1,7 +1,8 @@
 //! NeuronCores as partitions of a chip.
 //!
-//! Where the API server serves partitionable devices (`DRAPartitionableDevices`,
-//! beta and on from 1.36), each chip is published twice over: as its
+//! Where a node opts in (below) and the API server serves partitionable
+//! devices (`DRAPartitionableDevices`, beta and on from 1.36), each chip is
+//! published twice over: as its
 //! whole-chip device `neurondeviceN` and as one device per physical
 //! NeuronCore, `neurondeviceN-core-K`. All of them draw on the chip's
 //! counter set (named like the chip device), which holds one counter per
@@ -12,11 +13,20 @@
 //! So the scheduler can hand out cores of a chip to several claims, or the
 //! whole chip to one, never both, and never one core twice.
 //!
-//! On older servers (1.34, 1.35 with default gates) the fields would be
-//! dropped on write, so only whole chips are published, without counters,
-//! exactly as before. Which mode is used is chosen at start-up:
-//! `--partitions auto` (default) asks the API server
-//! (`dra-core` asks the API server at start-up); `chips` and `cores` force one.
+//! Cores are opt-in: `--partitions chips` (the default) publishes whole
+//! chips only, as AWS's own Neuron DRA driver does. Every device a node
+//! publishes is walked by the scheduler for every claim it tries on that
+//! node, so a trn2.48xlarge with its 128 cores costs the scheduler about
+//! nine devices for each one a whole-chip claim can use (measured with the
+//! real kube-scheduler: docs/performance.md, "At fleet scale"). A node pool
+//! that serves `aws.amazon.com/neuroncore` or claims for single cores opts
+//! in with `--partitions auto` (or the Node label [`PARTITIONS_LABEL`],
+//! which overrides the flag on that node).
+//!
+//! With cores opted in: on older servers (1.34, 1.35 with default gates)
+//! the counter fields would be dropped on write, so only whole chips are
+//! published, without counters. `auto` asks the API server at start-up
+//! (`dra-core` runs the probe); `cores` forces them.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -38,14 +48,19 @@ use crate::lnc::supports_lnc2;
 /// [`crate::attributes::RESOURCE_TYPE`]).
 pub const CORE_RESOURCE_TYPE: &str = "neuron_core";
 
+/// The Node label that sets `--partitions` for one node (a node pool's
+/// label): `chips`, `auto` or `cores`, read once at start-up.
+pub const PARTITIONS_LABEL: &str = "neuron.aws.com/partitions";
+
 /// `--partitions`: what to publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum PartitionsFlag {
     /// Cores too where the API server serves partitionable devices, else
     /// whole chips only (`discover`, which asks no server: whole chips).
-    #[default]
     Auto,
-    /// Whole chips only.
+    /// Whole chips only (the default: cores cost the scheduler on every
+    /// claim, see the module doc).
+    #[default]
     Chips,
     /// Whole chips and their cores, sharing the chip's counters.
     Cores,
@@ -54,9 +69,36 @@ pub enum PartitionsFlag {
 /// The neuron driver's own flags of `run` and `discover`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct NeuronFlags {
-    /// Publish NeuronCores as partitions of their chip: auto, chips or cores.
-    #[arg(long, env = "NEURON_PARTITIONS", value_enum, default_value_t = PartitionsFlag::Auto)]
+    /// Publish NeuronCores as partitions of their chip: chips (whole chips
+    /// only), auto (cores too where the API server keeps counters) or
+    /// cores. The Node label `neuron.aws.com/partitions` overrides it.
+    #[arg(long, env = "NEURON_PARTITIONS", value_enum, default_value_t = PartitionsFlag::Chips)]
     pub partitions: PartitionsFlag,
+}
+
+impl PartitionsFlag {
+    /// The flag a Node label [`PARTITIONS_LABEL`] asks for; `None` for a
+    /// value that is none of `chips`, `auto` or `cores`.
+    pub fn from_label(value: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::from_str(value.trim(), true).ok()
+    }
+
+    /// The flag in effect: the Node's label where it has a valid one, else
+    /// the flag. Returns why, for the start-up log line.
+    pub fn with_node_label(self, labels: &BTreeMap<String, String>) -> (Self, Option<String>) {
+        match labels.get(PARTITIONS_LABEL) {
+            None => (self, None),
+            Some(value) => match Self::from_label(value) {
+                Some(flag) => (flag, Some(format!("Node label {PARTITIONS_LABEL}={value}"))),
+                None => (
+                    self,
+                    Some(format!(
+                        "Node label {PARTITIONS_LABEL}={value:?} is none of chips, auto, cores: ignored"
+                    )),
+                ),
+            },
+        }
+    }
 }
 
 /// What is published.
@@ -390,5 +432,62 @@ mod tests {
         }
         assert!(resolve(PartitionsFlag::Cores, &no).1.contains("twice"));
         assert!(resolve(PartitionsFlag::Auto, &no).1.contains("dropped"));
+    }
+
+    #[test]
+    fn whole_chips_by_default() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            neuron: NeuronFlags,
+        }
+        // (The tests' environment has no NEURON_PARTITIONS.)
+        let cli = <Cli as clap::Parser>::try_parse_from(["x"]).expect("no flags");
+        assert_eq!(cli.neuron.partitions, PartitionsFlag::Chips);
+        assert_eq!(PartitionsFlag::default(), PartitionsFlag::Chips);
+        assert_eq!(
+            resolve(cli.neuron.partitions, &ApiSupport::unknown()).0,
+            PartitionMode::Chips
+        );
+    }
+
+    #[test]
+    fn node_label_overrides_the_flag() {
+        let labels = |v: &str| BTreeMap::from([(PARTITIONS_LABEL.to_owned(), v.to_owned())]);
+        let cases = [
+            (PartitionsFlag::Chips, None, PartitionsFlag::Chips, false),
+            (
+                PartitionsFlag::Chips,
+                Some("auto"),
+                PartitionsFlag::Auto,
+                true,
+            ),
+            (
+                PartitionsFlag::Chips,
+                Some("Cores"),
+                PartitionsFlag::Cores,
+                true,
+            ),
+            (
+                PartitionsFlag::Auto,
+                Some("chips"),
+                PartitionsFlag::Chips,
+                true,
+            ),
+            (
+                PartitionsFlag::Auto,
+                Some("all"),
+                PartitionsFlag::Auto,
+                true,
+            ),
+        ];
+        for (flag, label, want, says_why) in cases {
+            let node = label.map(labels).unwrap_or_default();
+            let (got, why) = flag.with_node_label(&node);
+            assert_eq!(got, want, "{flag:?} {label:?}");
+            assert_eq!(why.is_some(), says_why, "{flag:?} {label:?}");
+        }
+        let (_, why) = PartitionsFlag::Auto.with_node_label(&labels("all"));
+        assert!(why.is_some_and(|w| w.contains("ignored")));
     }
 }

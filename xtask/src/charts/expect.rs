@@ -138,7 +138,9 @@ impl Expect {
             device_classes: std::iter::once(spec.driver.to_owned())
                 .chain(extended_classes(spec).into_iter().map(|(c, _)| c))
                 .collect(),
-            extra_args: vec!["--log-format=json".into()],
+            extra_args: std::iter::once("--log-format=json".to_string())
+                .chain(neuron_only(spec, "--partitions=chips"))
+                .collect(),
             cel: if spec.name == EFA.name {
                 vec![]
             } else {
@@ -242,7 +244,7 @@ impl Expect {
                     "neurondevice.neuron.aws.com".into(),
                     "neuroncore.neuron.aws.com".into(),
                 ],
-                extra_args: vec!["--log-format=text".into()],
+                extra_args: vec!["--log-format=text".into(), "--partitions=auto".into()],
                 cel: [
                     (
                         "trn2.neuron.aws.com".into(),
@@ -271,11 +273,22 @@ impl Expect {
             sysfs_root: format!("{FIXTURE_MOUNT}/sys"),
             image: None,
             dev_root: format!("{FIXTURE_MOUNT}/dev"),
-            extra_args: vec!["--log-format=text".into()],
+            // The kind testbed opts in to NeuronCores, as every testbed.
+            extra_args: std::iter::once("--log-format=text".to_string())
+                .chain(neuron_only(
+                    spec,
+                    &format!("--partitions={}", e2e::testbed::TESTBED_PARTITIONS),
+                ))
+                .collect(),
             // The kind testbed's extraEnv (the short rescan interval the
             // health scenarios rely on), exactly as the testbed sets it.
             extra_env: e2e::kind_host::deployment().extra_env,
             ..Expect::defaults(spec)
         })
     }
+}
+
+/// `arg` for the Neuron chart, nothing for the EFA chart.
+fn neuron_only(spec: &ChartSpec, arg: &str) -> Option<String> {
+    (spec.name != EFA.name).then(|| arg.to_string())
 }

@@ -75,6 +75,8 @@ pub struct Deployment {
     pub host_network: bool,
     /// `extraEnv` of the charts (`(name, value)`).
     pub extra_env: Vec<(String, String)>,
+    /// `partitions` of the Neuron chart; `None`: the chart's default.
+    pub neuron_partitions: Option<String>,
     /// Tolerations replacing the charts' defaults, if any.
     pub tolerations: Option<Value>,
     /// One release per node and chart (nodes differ in kubelet root) rather

@@ -68,6 +68,8 @@ pub struct LocalChartHost {
     ctr: PathBuf,
     image_archive: PathBuf,
     handle: tokio::runtime::Handle,
+    /// The Neuron chart's `partitions` (the testbeds': `auto`).
+    neuron_partitions: Option<String>,
 }
 
 impl LocalChartHost {
@@ -102,6 +104,7 @@ impl LocalChartHost {
             image_archive,
             cluster: tokio::sync::Mutex::new(cluster),
             handle: tokio::runtime::Handle::current(),
+            neuron_partitions: Some(crate::testbed::TESTBED_PARTITIONS.into()),
         };
         for (n, _) in nodes {
             host.import_image(&local_node_name(n)).await?;
@@ -182,6 +185,7 @@ impl ChartHost for LocalChartHost {
                 ),
                 rescan_interval_env(),
             ],
+            neuron_partitions: self.neuron_partitions.clone(),
             // Nodes without CNI stay NotReady (tainted).
             tolerations: Some(json!([{"operator": "Exists"}])),
             per_node_releases: true,
@@ -309,7 +313,16 @@ impl ChartTestbed<LocalChartHost> {
             .iter()
             .map(|(n, t, _)| (n.clone(), t.clone()))
             .collect();
-        let host = LocalChartHost::start(&names, &bin_dir, &options.kubernetes_version).await?;
+        let mut host = LocalChartHost::start(&names, &bin_dir, &options.kubernetes_version).await?;
+        // The chart's `partitions` from the drivers' environment, as the
+        // host-process testbed passes it (none, as in the demo: the
+        // chart's default).
+        host.neuron_partitions = options
+            .driver_env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "NEURON_PARTITIONS")
+            .map(|(_, v)| v.clone());
         let work = host.run_dir().join("charts");
         Self::start(host, &options.nodes, &work).await
     }

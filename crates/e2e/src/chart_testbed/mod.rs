@@ -474,7 +474,12 @@ impl<H: ChartHost> ChartTestbed<H> {
 
     pub(super) async fn wait_for_pool(&self, node: &str, kind: DriverKind) -> Result<()> {
         let info = self.node_info(node)?;
-        let expected = kind.expected_devices(&info.fixture);
+        let partitions = self.host.deployment().neuron_partitions;
+        let env: Vec<(String, String)> = partitions
+            .map(|p| ("NEURON_PARTITIONS".to_string(), p))
+            .into_iter()
+            .collect();
+        let expected = kind.expected_devices_in(&info.fixture, &env);
         let node_name = self.layout(node)?.node_name;
         // kubelet restarts a driver that exits: nothing ends the wait early.
         if wait_pool_complete(

@@ -78,6 +78,11 @@ pub fn release_values(
     if let Some(t) = &deployment.tolerations {
         values["tolerations"] = t.clone();
     }
+    if kind == DriverKind::Neuron
+        && let Some(partitions) = &deployment.neuron_partitions
+    {
+        values["partitions"] = json!(partitions);
+    }
     // The extended-resource DeviceClasses are cluster-wide too: only the
     // first release of a chart owns them.
     let extended: &[&str] = match kind {
