@@ -8,6 +8,9 @@
 //! - `cargo xtask bench fleet [--nodes 50,200,500]`: simulated nodes'
 //!   publishers against one API server (`long_runs::bench::fleet`). Writes
 //!   `<work-dir>/bench-fleet-<version>.json`.
+//! - `cargo xtask bench scheduler [--nodes 100,500,1000]`: our slices on shadow nodes against
+//!   the real kube-scheduler (`long_runs::bench::scheduler`, `crate::bench_scheduler`).
+//!   Writes `<work-dir>/bench-scheduler-<version>.json`.
 //! - `cargo xtask bench neuron [--steady-secs 180] [--bursts 16]`: the
 //!   Neuron driver alone on trn2, NeuronCore partitions on and off
 //!   (`long_runs::bench::neuron`). Writes `<work-dir>/bench-neuron-<version>.json`.
@@ -36,6 +39,9 @@ enum BenchCommand {
     /// The Neuron driver on trn2, with NeuronCore partitions and without:
     /// idle cost and bursts of single-chip pods.
     Neuron(NeuronArgs),
+    /// Shadow nodes with our slices against the real kube-scheduler:
+    /// pods/s, scheduling latency, control-plane cost, a CPU profile.
+    Scheduler(crate::bench_scheduler::SchedulerArgs),
 }
 
 #[derive(clap::Args)]
@@ -110,6 +116,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.command {
         Some(BenchCommand::Fleet(fleet)) => run_fleet(fleet),
         Some(BenchCommand::Neuron(neuron)) => run_neuron(neuron),
+        Some(BenchCommand::Scheduler(scheduler)) => crate::bench_scheduler::run(scheduler),
         None => run_drivers(args.drivers),
     }
 }

@@ -3,6 +3,7 @@
 
 mod base_images;
 mod bench;
+mod bench_scheduler;
 mod cargo_command;
 mod chaos;
 mod charts;

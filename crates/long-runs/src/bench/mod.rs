@@ -30,6 +30,7 @@ pub mod pool_timer;
 pub mod refdriver;
 mod report;
 pub mod rounds;
+pub mod scheduler;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
