@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::world::World;
+use crate::world::{AttributeValue, World};
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -33,10 +33,17 @@ pub struct Filter {
 }
 
 pub fn rows(world: &World, filter: &Filter) -> Vec<DeviceRow> {
-    let mut out: Vec<DeviceRow> = world
-        .devices
+    let all: Vec<usize>;
+    let indices: &[usize] = match filter.node.as_deref() {
+        Some(n) => world.on_node(n),
+        None => {
+            all = (0..world.devices.len()).collect();
+            &all
+        }
+    };
+    let mut out: Vec<DeviceRow> = indices
         .iter()
-        .filter(|d| filter.node.as_deref().is_none_or(|n| d.node == Some(n)))
+        .map(|&i| &world.devices[i])
         .filter(|d| filter.driver.as_deref().is_none_or(|dr| d.id.driver == dr))
         .map(|d| DeviceRow {
             node: d.node.unwrap_or("(any)").to_string(),
@@ -72,7 +79,6 @@ pub fn rows(world: &World, filter: &Filter) -> Vec<DeviceRow> {
                 .device
                 .taints
                 .iter()
-                .flatten()
                 .map(|t| {
                     format!(
                         "{}={}:{}",
@@ -86,15 +92,17 @@ pub fn rows(world: &World, filter: &Filter) -> Vec<DeviceRow> {
                 .device
                 .attributes
                 .iter()
-                .flatten()
-                .filter_map(|(k, _)| d.attribute(k).map(|v| format!("{k}={}", v.plain())))
+                // `d.attribute(k)` of a name as stored is its own value.
+                .filter_map(|(k, v)| {
+                    v.as_ref()
+                        .map(|v| format!("{k}={}", AttributeValue::from_slice(v).plain()))
+                })
                 .collect(),
             capacity: d
                 .device
                 .capacity
                 .iter()
-                .flatten()
-                .map(|(k, c)| format!("{k}={}", c.value.0))
+                .map(|(k, c)| format!("{k}={c}"))
                 .collect(),
             pool_problem: d.pool_problem.clone(),
         })

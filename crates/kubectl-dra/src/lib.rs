@@ -14,5 +14,6 @@ pub mod inventory;
 pub mod lookup;
 pub mod online;
 pub mod render;
+pub mod slices;
 pub mod topology;
 pub mod world;

@@ -16,7 +16,7 @@ use kubectl_dra::devices::{self, Filter};
 use kubectl_dra::explain::{self, Allocatable, Explanation, Scope};
 use kubectl_dra::inventory::Inventory;
 use kubectl_dra::lookup::{self, ObjectKind};
-use kubectl_dra::online::{self, Connection};
+use kubectl_dra::online::{self, Connection, SliceScope};
 use kubectl_dra::render;
 use kubectl_dra::topology;
 use kubectl_dra::world::World;
@@ -228,6 +228,33 @@ enum DevicesOutput {
     Yaml,
 }
 
+/// The objects `devices` or `topology` reads: from the files, or the part
+/// of the cluster the command shows.
+async fn load_for(cli: &Cli, reads: Reads<'_>) -> Result<Inventory> {
+    if !cli.from_file.is_empty() {
+        return Ok(Inventory::from_files(&cli.from_file)?);
+    }
+    let (client, _) = online::connect(&connection(cli)).await?;
+    Ok(match reads {
+        Reads::Devices(scope) => online::fetch_devices(&client, &scope).await?,
+        Reads::Topology(node) => online::fetch_topology(&client, node).await?,
+    })
+}
+
+/// What a command other than `explain` shows.
+enum Reads<'a> {
+    Devices(SliceScope),
+    Topology(&'a str),
+}
+
+fn connection(cli: &Cli) -> Connection {
+    Connection {
+        kubeconfig: cli.kubeconfig.clone(),
+        context: cli.context.clone(),
+        request_timeout: cli.request_timeout.0,
+    }
+}
+
 /// The objects and the namespace to work in. `find` is the claim or pod
 /// `explain` is about: with -A its namespace is looked up.
 async fn load(cli: &Cli, find: Option<(ObjectKind, &str)>) -> Result<(Inventory, String)> {
@@ -242,12 +269,7 @@ async fn load(cli: &Cli, find: Option<(ObjectKind, &str)>) -> Result<(Inventory,
             "default".to_string(),
         )
     } else {
-        let (client, default_ns) = online::connect(&Connection {
-            kubeconfig: cli.kubeconfig.clone(),
-            context: cli.context.clone(),
-            request_timeout: cli.request_timeout.0,
-        })
-        .await?;
+        let (client, default_ns) = online::connect(&connection(cli)).await?;
         let inventory = if cli.all_namespaces {
             online::fetch_all_namespaces(&client, pod).await?
         } else {
@@ -388,7 +410,11 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             driver,
             output,
         } => {
-            let (inventory, _) = load(&cli, None).await?;
+            let scope = SliceScope {
+                node: node.clone(),
+                driver: driver.clone(),
+            };
+            let inventory = load_for(&cli, Reads::Devices(scope)).await?;
             let mut world = World::new(&inventory);
             world.env = Environment::for_release(cli.kubernetes_version);
             let rows = devices::rows(
@@ -411,7 +437,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             output,
             color,
         } => {
-            let (inventory, _) = load(&cli, None).await?;
+            let inventory = load_for(&cli, Reads::Topology(node)).await?;
             let world = World::new(&inventory);
             let picture = topology::build(&world, node)?;
             match output {

@@ -6,11 +6,13 @@
 //! `resourceSliceCount` slices of it are there.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint, ResourceClaim};
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim};
 
-use crate::cel::{DeviceValue, Environment, split_attribute_name};
+use crate::cel::{DeviceValue, Environment, Outcome, Reads, Selector, split_attribute_name};
 use crate::inventory::Inventory;
+use crate::slices::{Attribute, Slice, SliceDevice};
 use k8s_quantity::Quantity;
 
 /// Driver, pool and device name: how allocation results name a device.
@@ -49,15 +51,12 @@ impl std::fmt::Display for AttributeValue {
 }
 
 impl AttributeValue {
-    fn from_api(attr: &DeviceAttribute) -> Option<AttributeValue> {
-        if let Some(s) = &attr.string {
-            Some(AttributeValue::String(s.clone()))
-        } else if let Some(i) = attr.int {
-            Some(AttributeValue::Int(i))
-        } else if let Some(b) = attr.bool {
-            Some(AttributeValue::Bool(b))
-        } else {
-            attr.version.clone().map(AttributeValue::Version)
+    pub fn from_slice(attr: &Attribute) -> AttributeValue {
+        match attr {
+            Attribute::String(s) => AttributeValue::String(s.to_string()),
+            Attribute::Int(i) => AttributeValue::Int(*i),
+            Attribute::Bool(b) => AttributeValue::Bool(*b),
+            Attribute::Version(v) => AttributeValue::Version(v.to_string()),
         }
     }
 
@@ -74,11 +73,12 @@ impl AttributeValue {
 #[derive(Debug)]
 pub struct PublishedDevice<'a> {
     pub id: DeviceId,
+    /// The slice that publishes it.
+    pub source: &'a Slice,
     pub slice: &'a str,
     /// The node it is on; `None` when the slice serves many nodes.
     pub node: Option<&'a str>,
-    pub device: &'a Device,
-    pub value: DeviceValue,
+    pub device: &'a SliceDevice,
     /// Why the scheduler ignores the whole pool, if it does.
     pub pool_problem: Option<String>,
     /// Taints from DeviceTaintRules that select it: (rule name, taint).
@@ -89,37 +89,57 @@ impl PublishedDevice<'_> {
     /// A fully qualified attribute (`domain/name`); the driver's own domain
     /// may also be written without the domain in the slice.
     pub fn attribute(&self, qualified: &str) -> Option<AttributeValue> {
-        let attrs = self.device.attributes.as_ref()?;
-        if let Some(a) = attrs.get(qualified) {
-            return AttributeValue::from_api(a);
+        if let Some(a) = self.device.attribute(qualified) {
+            return a.as_ref().map(AttributeValue::from_slice);
         }
         let (domain, name) = split_attribute_name(&self.id.driver, qualified);
         if domain == self.id.driver {
-            return attrs.get(name).and_then(AttributeValue::from_api);
+            return self
+                .device
+                .attribute(name)
+                .and_then(|a| a.as_ref().map(AttributeValue::from_slice));
         }
         None
     }
 
-    /// Counters consumed: (counter set, counter) → amount.
-    pub fn consumption(&self) -> Vec<(String, String, Quantity)> {
-        let mut out = Vec::new();
-        for c in self.device.consumes_counters.iter().flatten() {
-            for (name, counter) in &c.counters {
-                if let Ok(q) = Quantity::parse(&counter.value.0) {
-                    out.push((c.counter_set.clone(), name.clone(), q));
-                }
-            }
-        }
-        out
+    /// Counters consumed: (driver, pool, counter set, counter) → amount.
+    pub fn consumption(&self) -> impl Iterator<Item = (CounterKey, Quantity)> + '_ {
+        self.device.consumes.iter().map(|c| {
+            (
+                (
+                    self.source.driver.clone(),
+                    self.source.pool.clone(),
+                    c.counter_set.clone(),
+                    c.counter.clone(),
+                ),
+                c.amount,
+            )
+        })
+    }
+
+    /// The device as the `device` variable of a CEL selector, with the
+    /// fields the selector reads (built on demand: kept for every device of
+    /// a fleet they would be most of the memory).
+    pub fn value(&self, reads: Reads) -> DeviceValue {
+        DeviceValue::of(&self.source.driver, self.device, reads)
+    }
+
+    /// What `selector` says about this device.
+    pub fn evaluate(&self, env: &Environment, selector: &Selector) -> Outcome {
+        selector.evaluate_on(env, &self.source.driver, self.device)
     }
 }
 
 /// Counter key: driver, pool, counter set, counter.
-pub type CounterKey = (String, String, String, String);
+pub type CounterKey = (Arc<str>, Arc<str>, Arc<str>, Arc<str>);
 
 pub struct World<'a> {
     pub env: Environment,
     pub devices: Vec<PublishedDevice<'a>>,
+    /// Node → its devices (indices into `devices`), nodes in order.
+    by_node: BTreeMap<&'a str, Vec<usize>>,
+    /// Device → its index in `devices`.
+    by_id: HashMap<DeviceId, usize>,
     /// Device → claims (namespace/name) whose allocation holds it.
     pub holders: HashMap<DeviceId, Vec<String>>,
     /// Device → claims allocated with admin access (they hold nothing:
@@ -143,11 +163,11 @@ impl<'a> World<'a> {
         // Highest generation and slice count per pool.
         let mut pools: HashMap<(&str, &str), (i64, i64, usize)> = HashMap::new();
         for slice in &inventory.slices {
-            let key = (slice.spec.driver.as_str(), slice.spec.pool.name.as_str());
+            let key = (slice.driver.as_ref(), slice.pool.as_ref());
             let entry = pools.entry(key).or_insert((i64::MIN, 0, 0));
-            let generation = slice.spec.pool.generation;
+            let generation = slice.generation;
             if generation > entry.0 {
-                *entry = (generation, slice.spec.pool.resource_slice_count, 1);
+                *entry = (generation, slice.resource_slice_count, 1);
             } else if generation == entry.0 {
                 entry.2 += 1;
             }
@@ -155,65 +175,65 @@ impl<'a> World<'a> {
         let mut devices = Vec::new();
         let mut counters_left: HashMap<CounterKey, Quantity> = HashMap::new();
         for slice in &inventory.slices {
-            let spec = &slice.spec;
             let Some(&(generation, want, have)) =
-                pools.get(&(spec.driver.as_str(), spec.pool.name.as_str()))
+                pools.get(&(slice.driver.as_ref(), slice.pool.as_ref()))
             else {
                 continue;
             };
-            if spec.pool.generation < generation {
+            if slice.generation < generation {
                 continue; // superseded: the scheduler ignores it
             }
             let pool_problem = (usize::try_from(want).unwrap_or(0) > have).then(|| {
                 format!(
                     "pool {} of {} is incomplete ({have} of {want} slices of generation {generation})",
-                    spec.pool.name, spec.driver
+                    slice.pool, slice.driver
                 )
             });
-            for set in spec.shared_counters.iter().flatten() {
-                for (name, counter) in &set.counters {
-                    if let Ok(q) = Quantity::parse(&counter.value.0) {
-                        counters_left.insert(
-                            (
-                                spec.driver.clone(),
-                                spec.pool.name.clone(),
-                                set.name.clone(),
-                                name.clone(),
-                            ),
-                            q,
-                        );
-                    }
-                }
+            for c in &slice.shared_counters {
+                counters_left.insert(
+                    (
+                        slice.driver.clone(),
+                        slice.pool.clone(),
+                        c.counter_set.clone(),
+                        c.counter.clone(),
+                    ),
+                    c.amount,
+                );
             }
-            let slice_name = slice.metadata.name.as_deref().unwrap_or("");
-            for device in spec.devices.iter().flatten() {
-                let node = spec.node_name.as_deref().or(device.node_name.as_deref());
+            for device in &slice.devices {
+                let node = slice.node_name.as_deref().or(device.node_name.as_deref());
                 devices.push(PublishedDevice {
                     id: DeviceId {
-                        driver: spec.driver.clone(),
-                        pool: spec.pool.name.clone(),
-                        device: device.name.clone(),
+                        driver: slice.driver.to_string(),
+                        pool: slice.pool.to_string(),
+                        device: device.name.to_string(),
                     },
-                    slice: slice_name,
+                    source: slice,
+                    slice: &slice.name,
                     node,
                     device,
-                    value: DeviceValue::new(&spec.driver, device),
                     pool_problem: pool_problem.clone(),
                     rule_taints: inventory
                         .taint_rules
                         .iter()
-                        .filter(|r| r.selects(&spec.driver, &spec.pool.name, &device.name))
+                        .filter(|r| r.selects(&slice.driver, &slice.pool, &device.name))
                         .map(|r| (r.name.clone(), r.taint.clone()))
                         .collect(),
                 });
             }
         }
+        let mut by_node: BTreeMap<&'a str, Vec<usize>> = BTreeMap::new();
+        for (i, d) in devices.iter().enumerate() {
+            if let Some(n) = d.node {
+                by_node.entry(n).or_default().push(i);
+            }
+        }
         let mut holders: HashMap<DeviceId, Vec<String>> = HashMap::new();
         let mut admin_holders: HashMap<DeviceId, Vec<String>> = HashMap::new();
-        let by_id: HashMap<&DeviceId, usize> = devices
+        let by_id: HashMap<DeviceId, usize> = devices
             .iter()
             .enumerate()
-            .map(|(i, d)| (&d.id, i))
+            .map(|(i, d)| (d.id.clone(), i))
             .collect();
         let mut consumed: Vec<(CounterKey, Quantity)> = Vec::new();
         for claim in &inventory.claims {
@@ -233,9 +253,7 @@ impl<'a> World<'a> {
                 if result.admin_access != Some(true)
                     && let Some(&i) = by_id.get(&id)
                 {
-                    for (set, counter, q) in devices[i].consumption() {
-                        consumed.push(((id.driver.clone(), id.pool.clone(), set, counter), q));
-                    }
+                    consumed.extend(devices[i].consumption());
                 }
                 let by = if result.admin_access == Some(true) {
                     &mut admin_holders
@@ -255,6 +273,8 @@ impl<'a> World<'a> {
         World {
             env: Environment::new(),
             devices,
+            by_node,
+            by_id,
             holders,
             admin_holders,
             counters_left,
@@ -262,12 +282,19 @@ impl<'a> World<'a> {
         }
     }
 
+    /// The devices of one node (indices into `devices`, in slice order).
+    pub fn on_node(&self, node: &str) -> &[usize] {
+        self.by_node.get(node).map_or(&[], Vec::as_slice)
+    }
+
+    /// The index of a device in `devices`.
+    pub fn index_of(&self, id: &DeviceId) -> Option<usize> {
+        self.by_id.get(id).copied()
+    }
+
     /// Node names that publish devices, sorted.
     pub fn nodes(&self) -> Vec<&'a str> {
-        let mut nodes: Vec<&str> = self.devices.iter().filter_map(|d| d.node).collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        nodes
+        self.by_node.keys().copied().collect()
     }
 
     pub fn counters_snapshot(&self) -> BTreeMap<CounterKey, Quantity> {

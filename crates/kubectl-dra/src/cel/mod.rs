@@ -29,9 +29,11 @@ pub mod release;
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::resource::v1::Device;
+
+use crate::slices::{Attribute, Interner, SliceDevice};
 use kube_cel::KubeCelExt;
 use kube_cel::cel::common::ast::{EntryExpr, Expr, IdedExpr, operators};
 use kube_cel::cel::objects::{Key, Map};
@@ -61,8 +63,14 @@ pub enum Outcome {
 pub struct Selector {
     source: String,
     program: Result<IdedExpr, Refusal>,
+    /// The fields of `device` the expression can reach.
+    reads: Reads,
     /// The static check, per release, done on first evaluation.
     checked: OnceLock<(Release, Result<(), String>)>,
+    /// Outcomes by release and driver, when the expression reads nothing of
+    /// `device` but its driver (a DeviceClass's selector, evaluated on every
+    /// device of a fleet: the outcome is the same for all of one driver's).
+    by_driver: Mutex<HashMap<(Release, Arc<str>), Outcome>>,
 }
 
 #[derive(Debug, Clone)]
@@ -83,9 +91,12 @@ impl Selector {
                 .parse(source)
                 .map_err(|e| e.to_string())
         });
+        let mut reads = Reads::ALL;
         let program = match parsed {
             Ok(Ok(mut expr)) => {
                 rewrite(&mut expr);
+                reads = Reads::NONE;
+                reads.add(&expr);
                 Ok(expr)
             }
             Ok(Err(message)) => Err(Refusal::Invalid(format!(
@@ -99,8 +110,15 @@ impl Selector {
         Selector {
             source: source.to_string(),
             program,
+            reads,
             checked: OnceLock::new(),
+            by_driver: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The fields of `device` to build for [`Selector::evaluate`].
+    pub fn reads(&self) -> Reads {
+        self.reads
     }
 
     pub fn source(&self) -> &str {
@@ -132,6 +150,36 @@ impl Selector {
             Ok(_) => None,
             Err(Refusal::Invalid(m) | Refusal::Unsupported(m)) => Some(m),
         }
+    }
+
+    /// [`Selector::evaluate`] on a published device, building only the
+    /// fields of `device` the expression reads.
+    pub fn evaluate_on(
+        &self,
+        env: &Environment,
+        driver: &Arc<str>,
+        device: &SliceDevice,
+    ) -> Outcome {
+        let driver_only = !(self.reads.attributes
+            || self.reads.capacity
+            || self.reads.allow_multiple_allocations);
+        if !driver_only {
+            return self.evaluate(env, &DeviceValue::of(driver, device, self.reads));
+        }
+        let key = (env.release, driver.clone());
+        if let Some(known) = self
+            .by_driver
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+        {
+            return known;
+        }
+        let outcome = self.evaluate(env, &DeviceValue::of(driver, device, self.reads));
+        if let Ok(mut m) = self.by_driver.lock() {
+            m.insert(key, outcome.clone());
+        }
+        outcome
     }
 
     pub fn evaluate(&self, env: &Environment, device: &DeviceValue) -> Outcome {
@@ -292,9 +340,89 @@ fn base_context() -> Context<'static> {
     base
 }
 
-/// A device as the `device` CEL variable, built once per device.
+/// A device as the `device` CEL variable.
 #[derive(Debug, Clone)]
 pub struct DeviceValue(Value);
+
+/// Which fields of `device` an expression can reach. Building the variable
+/// is most of what evaluating a class selector such as
+/// `device.driver == "neuron.aws.com"` costs (the capacities go through the
+/// quantity library), and over 100,000 devices that is seconds: only what
+/// the expression can read is built. Any use of `device` other than
+/// `device.<field>` counts as reading everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reads {
+    pub driver: bool,
+    pub attributes: bool,
+    pub capacity: bool,
+    pub allow_multiple_allocations: bool,
+}
+
+impl Reads {
+    pub const ALL: Reads = Reads {
+        driver: true,
+        attributes: true,
+        capacity: true,
+        allow_multiple_allocations: true,
+    };
+    pub const NONE: Reads = Reads {
+        driver: false,
+        attributes: false,
+        capacity: false,
+        allow_multiple_allocations: false,
+    };
+
+    /// Adds what `expr` reads.
+    fn add(&mut self, expr: &IdedExpr) {
+        match &expr.expr {
+            Expr::Select(s) if matches!(&s.operand.expr, Expr::Ident(n) if n == "device") => {
+                match s.field.as_str() {
+                    "driver" => self.driver = true,
+                    "attributes" => self.attributes = true,
+                    "capacity" => self.capacity = true,
+                    "allowMultipleAllocations" => self.allow_multiple_allocations = true,
+                    _ => *self = Reads::ALL,
+                }
+            }
+            Expr::Ident(n) if n == "device" => *self = Reads::ALL,
+            Expr::Select(s) => self.add(&s.operand),
+            Expr::Call(call) => {
+                if let Some(target) = call.target.as_deref() {
+                    self.add(target);
+                }
+                call.args.iter().for_each(|a| self.add(a));
+            }
+            Expr::Comprehension(c) => {
+                for e in [
+                    &c.iter_range,
+                    &c.accu_init,
+                    &c.loop_cond,
+                    &c.loop_step,
+                    &c.result,
+                ] {
+                    self.add(e);
+                }
+            }
+            Expr::List(list) => list.elements.iter().for_each(|e| self.add(e)),
+            Expr::Map(map) => {
+                for entry in &map.entries {
+                    if let EntryExpr::MapEntry(e) = &entry.expr {
+                        self.add(&e.key);
+                        self.add(&e.value);
+                    }
+                }
+            }
+            Expr::Struct(s) => {
+                for entry in &s.entries {
+                    if let EntryExpr::StructField(f) = &entry.expr {
+                        self.add(&f.value);
+                    }
+                }
+            }
+            Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => {}
+        }
+    }
+}
 
 /// Splits a qualified attribute name; unqualified names are in the driver's domain.
 pub fn split_attribute_name<'a>(driver: &'a str, name: &'a str) -> (&'a str, &'a str) {
@@ -341,39 +469,17 @@ fn library_value(library: Library, text: &str) -> Option<Value> {
 }
 
 impl DeviceValue {
-    /// Attribute values that cannot be represented (a `version` that is not
-    /// SemVer) are left out: reading them is then a "no such key" error, which
-    /// is also how an unusable attribute behaves in the scheduler.
+    /// Every field of a device as the API publishes it.
     pub fn new(driver: &str, device: &Device) -> DeviceValue {
-        let mut attributes: BTreeMap<&str, HashMap<Key, Value>> = BTreeMap::new();
-        for (name, attr) in device.attributes.iter().flatten() {
-            let (domain, id) = split_attribute_name(driver, name);
-            let value = if let Some(s) = &attr.string {
-                Value::String(Arc::new(s.clone()))
-            } else if let Some(i) = attr.int {
-                Value::Int(i)
-            } else if let Some(b) = attr.bool {
-                Value::Bool(b)
-            } else if let Some(v) = &attr.version {
-                match library_value(Library::Semver, v) {
-                    Some(version) => version,
-                    None => continue,
-                }
-            } else {
-                continue;
-            };
-            attributes
-                .entry(domain)
-                .or_default()
-                .insert(Key::from(id), value);
-        }
-        let mut capacity: BTreeMap<&str, HashMap<Key, Value>> = BTreeMap::new();
-        for (name, cap) in device.capacity.iter().flatten() {
-            let (domain, id) = split_attribute_name(driver, name);
-            if let Some(q) = library_value(Library::Quantity, &cap.value.0) {
-                capacity.entry(domain).or_default().insert(Key::from(id), q);
-            }
-        }
+        let compact = SliceDevice::from_api(device, &mut Interner::default());
+        DeviceValue::of(driver, &compact, Reads::ALL)
+    }
+
+    /// The fields in `reads` of a device. Attribute values that cannot be
+    /// represented (a `version` that is not SemVer) are left out: reading
+    /// them is then a "no such key" error, which is also how an unusable
+    /// attribute behaves in the scheduler.
+    pub fn of(driver: &str, device: &SliceDevice, reads: Reads) -> DeviceValue {
         let nested = |m: BTreeMap<&str, HashMap<Key, Value>>| {
             let outer: HashMap<Key, Value> = m
                 .into_iter()
@@ -382,16 +488,49 @@ impl DeviceValue {
             Value::Map(Map::from(outer))
         };
         let mut fields: HashMap<Key, Value> = HashMap::new();
-        fields.insert(
-            Key::from("driver"),
-            Value::String(Arc::new(driver.to_string())),
-        );
-        fields.insert(Key::from("attributes"), nested(attributes));
-        fields.insert(Key::from("capacity"), nested(capacity));
-        fields.insert(
-            Key::from("allowMultipleAllocations"),
-            Value::Bool(device.allow_multiple_allocations.unwrap_or(false)),
-        );
+        if reads.driver {
+            fields.insert(
+                Key::from("driver"),
+                Value::String(Arc::new(driver.to_string())),
+            );
+        }
+        if reads.attributes {
+            let mut attributes: BTreeMap<&str, HashMap<Key, Value>> = BTreeMap::new();
+            for (name, attr) in &device.attributes {
+                let (domain, id) = split_attribute_name(driver, name);
+                let value = match attr {
+                    Some(Attribute::String(s)) => Value::String(Arc::new(s.to_string())),
+                    Some(Attribute::Int(i)) => Value::Int(*i),
+                    Some(Attribute::Bool(b)) => Value::Bool(*b),
+                    Some(Attribute::Version(v)) => match library_value(Library::Semver, v) {
+                        Some(version) => version,
+                        None => continue,
+                    },
+                    None => continue,
+                };
+                attributes
+                    .entry(domain)
+                    .or_default()
+                    .insert(Key::from(id), value);
+            }
+            fields.insert(Key::from("attributes"), nested(attributes));
+        }
+        if reads.capacity {
+            let mut capacity: BTreeMap<&str, HashMap<Key, Value>> = BTreeMap::new();
+            for (name, value) in &device.capacity {
+                let (domain, id) = split_attribute_name(driver, name);
+                if let Some(q) = library_value(Library::Quantity, value) {
+                    capacity.entry(domain).or_default().insert(Key::from(id), q);
+                }
+            }
+            fields.insert(Key::from("capacity"), nested(capacity));
+        }
+        if reads.allow_multiple_allocations {
+            fields.insert(
+                Key::from("allowMultipleAllocations"),
+                Value::Bool(device.allow_multiple_allocations.unwrap_or(false)),
+            );
+        }
         DeviceValue(Value::Map(Map::from(fields)))
     }
 }

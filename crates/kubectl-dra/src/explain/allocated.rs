@@ -37,12 +37,6 @@ pub fn explain_allocated(
         .flatten()
         .map(|s| (s.name.clone(), s))
         .collect();
-    let index: HashMap<&DeviceId, usize> = world
-        .devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| (&d.id, i))
-        .collect();
     let constraints: Vec<_> = subject
         .spec
         .devices
@@ -68,14 +62,14 @@ pub fn explain_allocated(
             device: result.device.clone(),
         };
         let mut why = Vec::new();
-        let node = match index.get(&id) {
-            Some(&i) => {
+        let node = match world.index_of(&id) {
+            Some(i) => {
                 let device = &world.devices[i];
                 if let Some(spec) = by_name.get(&result.request) {
                     let class = compile_class(world, &spec.class).unwrap_or_default();
                     let failing = class
                         .iter()
-                        .map(|s| (s, outcome_text(&s.evaluate(&world.env, &device.value))))
+                        .map(|s| (s, outcome_text(&device.evaluate(&world.env, s))))
                         .find_map(|(s, o)| o.map(|o| (s.source().to_string(), o)));
                     match failing {
                         None => why.push(format!("DeviceClass {:?} selects it", spec.class)),
@@ -94,7 +88,7 @@ pub fn explain_allocated(
                         .map(|s| Selector::compile(s))
                         .collect();
                     for (n, s) in selectors.iter().enumerate() {
-                        let o = s.evaluate(&world.env, &device.value);
+                        let o = device.evaluate(&world.env, s);
                         why.push(match outcome_text(&o) {
                             None => format!("selector #{n} `{}` is true", s.source()),
                             Some(t) => {

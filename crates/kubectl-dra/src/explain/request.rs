@@ -249,7 +249,7 @@ pub fn check_device(
     } = *checks;
     for (list, is_class) in [(class_selectors, true), (selectors, false)] {
         for (index, selector) in list.iter().enumerate() {
-            let outcome = selector.evaluate(&world.env, &device.value);
+            let outcome = device.evaluate(&world.env, selector);
             match &outcome {
                 Outcome::RuntimeError(e) | Outcome::Invalid(e) => errors.push(e.clone()),
                 Outcome::Unsupported(e) => unsupported.push(e.clone()),
@@ -301,7 +301,7 @@ pub fn check_device(
             return (true, Some(Rejection::HeldBy(others)));
         }
     }
-    let taints = device.device.taints.iter().flatten().map(|t| (None, t));
+    let taints = device.device.taints.iter().map(|t| (None, t));
     let from_rules = device.rule_taints.iter().map(|(r, t)| (Some(r), t));
     for (rule, taint) in taints.chain(from_rules) {
         if (taint.effect == "NoSchedule" || taint.effect == "NoExecute")
@@ -318,20 +318,14 @@ pub fn check_device(
             );
         }
     }
-    for (set, counter, need) in device.consumption() {
-        let key = (
-            device.id.driver.clone(),
-            device.id.pool.clone(),
-            set.clone(),
-            counter.clone(),
-        );
+    for (key, need) in device.consumption() {
         let left = world.counters_left.get(&key).copied();
         if left.is_none_or(|l| l < need) {
             return (
                 true,
                 Some(Rejection::Counters {
-                    set,
-                    counter,
+                    set: key.2.to_string(),
+                    counter: key.3.to_string(),
                     need: need.to_string(),
                     left: left.map_or("none".to_string(), |l| l.to_string()),
                 }),

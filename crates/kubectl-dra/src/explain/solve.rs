@@ -111,25 +111,18 @@ impl Search<'_, '_> {
     fn take(&mut self, p: &Problem, plan: usize, alt: usize, device: usize) -> Option<Vec<usize>> {
         let newly = self.fits_constraints(p, plan, alt, device)?;
         let d = &self.world.devices[device];
-        let consumption = d.consumption();
-        for (set, counter, need) in &consumption {
-            let key = (
-                d.id.driver.clone(),
-                d.id.pool.clone(),
-                set.clone(),
-                counter.clone(),
-            );
+        let consumption: Vec<(CounterKey, Quantity)> = d.consumption().collect();
+        for (key, need) in &consumption {
             let left = self
                 .counters
-                .get(&key)
-                .or(self.world.counters_left.get(&key))
+                .get(key)
+                .or(self.world.counters_left.get(key))
                 .copied();
             if left.is_none_or(|l| l < *need) {
                 return None;
             }
         }
-        for (set, counter, need) in consumption {
-            let key = (d.id.driver.clone(), d.id.pool.clone(), set, counter);
+        for (key, need) in consumption {
             let left = self
                 .counters
                 .get(&key)
@@ -155,8 +148,7 @@ impl Search<'_, '_> {
         if let Some(device) = self.used.pop() {
             self.chosen.pop();
             let d = &self.world.devices[device];
-            for (set, counter, need) in d.consumption() {
-                let key = (d.id.driver.clone(), d.id.pool.clone(), set, counter);
+            for (key, need) in d.consumption() {
                 if let Some(left) = self.counters.get_mut(&key)
                     && let Some(sum) = left.checked_add(need)
                 {

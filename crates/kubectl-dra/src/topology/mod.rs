@@ -402,7 +402,6 @@ fn taints_of(d: &PublishedDevice) -> Vec<TaintMark> {
     d.device
         .taints
         .iter()
-        .flatten()
         .map(|t| mark(t, None))
         .chain(d.rule_taints.iter().map(|(r, t)| mark(t, Some(r))))
         .collect()
@@ -504,9 +503,9 @@ fn natural_key(s: &str) -> NaturalKey {
 /// Builds the picture of `node` from everything the scheduler sees.
 pub fn build(world: &World, node: &str) -> Result<NodeTopology, TopologyError> {
     let devices: Vec<&PublishedDevice> = world
-        .devices
+        .on_node(node)
         .iter()
-        .filter(|d| d.node == Some(node))
+        .map(|&i| &world.devices[i])
         .collect();
     if devices.is_empty() {
         return Err(TopologyError::NoDevices {
