@@ -1,12 +1,13 @@
 //! Checkpoint loading from whatever is in the file (a torn write, another
 //! version, a hand edit): never a panic; a file that is not a checkpoint of
-//! this boot loads as empty, and a corrupt one is moved aside.
+//! this boot loads as empty, a corrupt one is moved aside, and a newer
+//! version's is refused and left exactly as it was.
 #![no_main]
 
 use std::path::{Component, Path};
 use std::sync::OnceLock;
 
-use dra_core::fuzzing::{Checkpoint, CheckpointStore};
+use dra_core::fuzzing::{Checkpoint, CheckpointError, CheckpointStore};
 use dra_core::fuzzing::PluginMetrics;
 use libfuzzer_sys::fuzz_target;
 
@@ -44,8 +45,14 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     std::fs::write(f.store.path(), data).expect("writing the checkpoint");
-    let loaded = f.store.load().expect("loading never fails on content");
-    assert!(loaded.boot_id == "boot-1");
+    match f.store.load() {
+        Ok(loaded) => assert!(loaded.boot_id == "boot-1"),
+        Err(CheckpointError::Newer { .. }) => {
+            let kept = std::fs::read(f.store.path()).expect("a refused checkpoint stays");
+            assert!(kept == data, "a newer checkpoint was changed");
+        }
+        Err(e) => panic!("loading failed on content: {e}"),
+    }
     // Leave the directory as it was: corrupt files moved aside pile up.
     for entry in std::fs::read_dir(f.dir.path()).expect("listing the data dir") {
         let path = entry.expect("dir entry").path();

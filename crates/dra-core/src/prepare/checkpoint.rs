@@ -7,6 +7,12 @@
 //! (CDI specs under /var/run are gone, kubelet prepares again), so the old
 //! entries are dropped. A file we cannot parse is moved aside, logged and
 //! counted, and we start empty: a crash loop would take all devices down.
+//!
+//! Nothing is forgotten on a read error: a boot id that cannot be read
+//! judges no reboot (the checkpoint stays as it is), and a checkpoint
+//! written without one adopts the next one read. A checkpoint of a newer
+//! version (a rollback, or the old pod of a surge upgrade) is refused with
+//! an error and kept: the newer build that wrote it still knows its claims.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -72,6 +78,12 @@ pub enum CheckpointError {
     },
     #[error("encoding checkpoint: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error(
+        "checkpoint {path} has version {version}, newer than this build's {CHECKPOINT_VERSION}: \
+         written by a newer driver (rolled back, or the old pod of an upgrade); kept as it is, \
+         and no claim is prepared or unprepared here until a driver that reads it runs"
+    )]
+    Newer { path: PathBuf, version: u32 },
 }
 
 /// Reads and writes the checkpoint file.
@@ -140,13 +152,18 @@ impl CheckpointStore {
         )
     }
 
-    fn boot_id(&self) -> String {
+    /// This boot's id; `None` when it cannot be read (or is empty): then
+    /// no reboot can be told, and none is assumed.
+    fn boot_id(&self) -> Option<String> {
         match std::fs::read_to_string(&self.boot_id_path) {
-            Ok(id) => id.trim().to_string(),
+            Ok(id) if !id.trim().is_empty() => Some(id.trim().to_string()),
+            Ok(_) => {
+                tracing::warn!(path = %self.boot_id_path.display(), "boot id is empty; reboots are not detected");
+                None
+            }
             Err(e) => {
-                // Without a boot id we cannot detect reboots; keep working.
-                tracing::warn!(path = %self.boot_id_path.display(), error = %e, "cannot read boot id");
-                String::new()
+                tracing::warn!(path = %self.boot_id_path.display(), error = %e, "cannot read boot id; reboots are not detected");
+                None
             }
         }
     }
@@ -174,7 +191,7 @@ impl CheckpointStore {
         let boot_id = self.boot_id();
         let empty = Checkpoint {
             version: CHECKPOINT_VERSION,
-            boot_id: boot_id.clone(),
+            boot_id: boot_id.clone().unwrap_or_default(),
             claims: BTreeMap::new(),
         };
         let bytes = match std::fs::read(&self.path) {
@@ -190,7 +207,7 @@ impl CheckpointStore {
         let parsed = serde_json::from_slice::<Checkpoint>(&bytes)
             .map_err(|e| e.to_string())
             .and_then(|c| {
-                if c.version == CHECKPOINT_VERSION {
+                if c.version >= CHECKPOINT_VERSION {
                     Ok(c)
                 } else {
                     Err(format!(
@@ -199,6 +216,15 @@ impl CheckpointStore {
                     ))
                 }
             });
+        if let Ok(c) = &parsed
+            && c.version > CHECKPOINT_VERSION
+        {
+            self.metrics.checkpoint_error("newer");
+            return Err(CheckpointError::Newer {
+                path: self.path.clone(),
+                version: c.version,
+            });
+        }
         let checkpoint = match parsed {
             Ok(c) => c,
             Err(reason) => {
@@ -213,6 +239,23 @@ impl CheckpointStore {
                 return Ok(empty);
             }
         };
+        let Some(boot_id) = boot_id else {
+            return Ok(checkpoint);
+        };
+        if checkpoint.boot_id.is_empty() {
+            // Written while the boot id could not be read: whether the node
+            // rebooted since cannot be told, so nothing is forgotten; the
+            // next save records this boot.
+            tracing::info!(
+                boot_id,
+                claims = checkpoint.claims.len(),
+                "checkpoint has no boot id; keeping its claims and adopting this boot's"
+            );
+            return Ok(Checkpoint {
+                boot_id,
+                ..checkpoint
+            });
+        }
         if checkpoint.boot_id != boot_id {
             tracing::info!(
                 old_boot_id = checkpoint.boot_id,
@@ -409,11 +452,74 @@ mod tests {
         assert!(!spec.exists());
     }
 
+    /// A boot id that cannot be read forgets nothing: the claims and their
+    /// specs stay, and the next boot id read is adopted, not taken for a
+    /// reboot (that used to delete every spec, twice).
+    #[test]
+    fn unreadable_boot_id_forgets_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
+        let spec = dir.path().join("cdi/a.json");
+        std::fs::write(&spec, "{}").unwrap();
+        let (s, _) = store(dir.path(), "boot-a");
+        let mut c = s.load().unwrap();
+        c.claims.insert("a".into(), sample(spec.clone()));
+        s.save(&c).unwrap();
+
+        for unreadable in ["missing", "empty"] {
+            let boot = dir.path().join("boot_id");
+            match unreadable {
+                "missing" => std::fs::remove_file(&boot).unwrap(),
+                _ => std::fs::write(&boot, "\n").unwrap(),
+            }
+            let loaded = s.load().unwrap();
+            assert_eq!(loaded.claims.len(), 1, "{unreadable}");
+            assert_eq!(loaded.boot_id, "boot-a", "{unreadable}");
+            assert!(spec.exists(), "{unreadable}");
+            // A save while unreadable keeps the recorded boot id.
+            s.save(&loaded).unwrap();
+            std::fs::write(&boot, "boot-a\n").unwrap();
+        }
+
+        // A checkpoint written with no boot id at all (an older build wrote
+        // "" when the read failed) adopts the next one read.
+        let mut no_id = s.load().unwrap();
+        no_id.boot_id.clear();
+        s.save(&no_id).unwrap();
+        let (later, _) = store(dir.path(), "boot-b");
+        let loaded = later.load().unwrap();
+        assert_eq!(loaded.claims.len(), 1);
+        assert_eq!(loaded.boot_id, "boot-b");
+        assert!(spec.exists());
+    }
+
+    /// A newer build's checkpoint is refused by name and left exactly as
+    /// it was (a rollback must not forget what the newer driver prepared).
+    #[test]
+    fn newer_version_is_refused_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, registry) = store(dir.path(), "boot-a");
+        let newer = r#"{"version":2,"bootId":"boot-a","claims":{},"more":1}"#;
+        std::fs::write(s.path(), newer).unwrap();
+        let e = s.load().unwrap_err();
+        assert!(
+            matches!(e, CheckpointError::Newer { version: 2, .. }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("newer than this build's 1"), "{e}");
+        assert_eq!(std::fs::read_to_string(s.path()).unwrap(), newer);
+        let text = crate::prepare::metrics::tests::render(&registry);
+        assert!(
+            text.contains("aws_dra_checkpoint_errors_total{reason=\"newer\"} 1"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn corrupt_file_is_moved_aside_and_counted() {
         for garbage in [
             "{not json",
-            r#"{"version":99,"bootId":"boot-a","claims":{}}"#,
+            r#"{"version":0,"bootId":"boot-a","claims":{}}"#,
         ] {
             let dir = tempfile::tempdir().unwrap();
             let (s, registry) = store(dir.path(), "boot-a");

@@ -33,7 +33,7 @@ pub struct PluginMetrics {
     registered: IntGauge,
     /// `NotifyRegistrationStatus` calls with `plugin_registered=false`.
     registration_failures: IntCounter,
-    /// Checkpoint problems, by `reason` (`corrupt`, `write`).
+    /// Checkpoint problems, by `reason` (`corrupt`, `newer`, `write`).
     checkpoint_errors: IntCounterVec,
     /// `aws_dra_checkpoint_claims`: claims in the checkpoint (prepared on this node).
     prepared_claims: IntGauge,
@@ -89,7 +89,7 @@ impl PluginMetrics {
         let checkpoint_errors = IntCounterVec::new(
             Opts::new(
                 "aws_dra_checkpoint_errors_total",
-                "Checkpoint files found corrupt or not writable.",
+                "Checkpoint files found corrupt, of a newer version, or not writable.",
             ),
             &["reason"],
         )?;
