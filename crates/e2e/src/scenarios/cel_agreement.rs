@@ -146,7 +146,7 @@ fn our_selection(
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     'devices: for d in &world.devices {
         for s in class_selectors.iter().chain(std::iter::once(&selector)) {
-            match s.evaluate(&world.env, &d.value) {
+            match d.evaluate(&world.env, s) {
                 Outcome::Match => {}
                 Outcome::NoMatch => continue 'devices,
                 Outcome::RuntimeError(e) => return Err(format!("runtime error on {}: {e}", d.id)),
