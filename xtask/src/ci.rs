@@ -136,7 +136,7 @@ fn checks() -> Vec<Step> {
                 "--lib",
                 "--test",
                 "structure",
-                // dra-core's public items, counted from the source (issue 32).
+                // dra-core's public items, counted from the source.
                 "--test",
                 "public_surface",
                 // The stand-in GPU driver's tests, dra-core's conformance

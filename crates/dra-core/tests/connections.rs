@@ -1,7 +1,7 @@
 //! Connections that misbehave, on the real plugin sockets: the server must
 //! close each of them, and shutdown must finish within 5 s whatever they
 //! are doing. The inputs are those that once left registration connections
-//! open for ever (issue 17), plus stalls.
+//! open for ever, plus stalls.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -113,7 +113,7 @@ fn preface_and_settings() -> Vec<u8> {
     out
 }
 
-/// The four inputs that leaked registration connections (issue 17).
+/// The four inputs that once leaked registration connections.
 fn leaking_inputs() -> Vec<(&'static str, Vec<u8>)> {
     // Indexed field 70: past the 61 static entries, and the dynamic table
     // is empty, so no HPACK decoder can make sense of it.

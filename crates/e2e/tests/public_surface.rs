@@ -1,4 +1,4 @@
-//! `dra-core` is a small SDK (issue 32): at most [`MAX_PUBLIC_ITEMS`] public
+//! `dra-core` is a small SDK: at most [`MAX_PUBLIC_ITEMS`] public
 //! items, counted from the source.
 //!
 //! What counts: every `pub` declaration (not `pub(crate)` or narrower) of a

@@ -1,7 +1,7 @@
-//! The shape of the code itself. As issue 11 asks for the harness: inside the
+//! The shape of the code itself. For the harness: inside the
 //! test crates (`local-cluster`, `e2e`, `long-runs`) and `xtask/src`, no two
 //! files use each other, directly or in a loop, and no file grows past ~600
-//! lines without saying why at its top. As issue 32 asks for every crate of the
+//! lines without saying why at its top. For every crate of the
 //! workspace (the members listed in the root `Cargo.toml`, read at test time so
 //! that a new crate is covered without editing this file): no two top-level
 //! modules use each other, directly or in a loop, counting every file below a

@@ -49,7 +49,7 @@ const GPU: &str = "gpu.nvidia.com";
 const SELECTORS: &str = include_str!("../../data/cel-selectors.txt");
 
 /// At least this many selectors, so that every function of every library
-/// of the DRA environment is covered (issue 31).
+/// of the DRA environment is covered.
 const MIN_SELECTORS: usize = 200;
 
 /// (DeviceClass, expression) of each line of [`SELECTORS`].

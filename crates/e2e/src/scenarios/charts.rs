@@ -1,4 +1,4 @@
-//! Issue 6's "`helm template charts/<chart> | kubectl apply --dry-run=server`":
+//! "`helm template charts/<chart> | kubectl apply --dry-run=server`":
 //! every object both charts render, with default and with non-default values,
 //! goes through the API server's validation and admission without being
 //! stored. The testbed itself applies only the RBAC, DeviceClass and

@@ -1,5 +1,5 @@
 //! Scenario 24: `helm upgrade` of the drivers to a new image while pods
-//! hold claims (issue 17). The charts promise a seamless upgrade: the new
+//! hold claims. The charts promise a seamless upgrade: the new
 //! driver pod starts beside the old one with its own sockets, the old one
 //! goes only once the new one is Ready, and the checkpoint carries the
 //! prepared claims over. A pod that holds devices must not notice, and

@@ -1,5 +1,5 @@
 //! Bursts: N pods, each with its own one-device claim, created at once on
-//! one node, as a training job lands them (issue 33). What a user feels is
+//! one node, as a training job lands them. What a user feels is
 //! how long the last pod waits, so a burst is timed three ways:
 //!
 //! - every NodePrepareResources / NodeUnprepareResources call as kubelet

@@ -113,7 +113,7 @@ fn ms_stats(v: &[u64]) -> String {
 }
 
 /// The longest a driver's pool may take to be complete again after the API
-/// server's return (issue 17: "reconciled within 10 s").
+/// server's return (docs/reliability.md, "Chaos": within 10 s).
 const RECONCILED_WITHIN_MS: u64 = 10_000;
 
 impl ChaosReport {
