@@ -36,7 +36,7 @@ impl Interner {
 
 /// An attribute's value as published: the one of `string`, `int`, `bool`,
 /// `version` that is set (in that order, as the API reads them).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Attribute {
     String(Arc<str>),
     Int(i64),

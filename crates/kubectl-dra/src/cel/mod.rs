@@ -25,6 +25,7 @@
 
 mod check;
 mod macros;
+mod reads;
 pub mod release;
 
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +42,8 @@ use kube_cel::cel::parser::Parser;
 use kube_cel::cel::{Context, ExecutionError, Value};
 
 pub use self::check::MAX_LENGTH;
+use self::reads::MemoKey;
+pub use self::reads::Reads;
 pub use self::release::Release;
 
 /// What one selector says about one device.
@@ -67,10 +70,11 @@ pub struct Selector {
     reads: Reads,
     /// The static check, per release, done on first evaluation.
     checked: OnceLock<(Release, Result<(), String>)>,
-    /// Outcomes by release and driver, when the expression reads nothing of
-    /// `device` but its driver (a DeviceClass's selector, evaluated on every
-    /// device of a fleet: the outcome is the same for all of one driver's).
-    by_driver: Mutex<HashMap<(Release, Arc<str>), Outcome>>,
+    /// The attributes (domain, name) the expression reads, when it reads
+    /// nothing of `device` but them and its driver.
+    named: Option<Vec<(String, String)>>,
+    /// Outcomes by what decides them, when `named` says what that is.
+    memo: Mutex<HashMap<MemoKey, Outcome>>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,11 +96,13 @@ impl Selector {
                 .map_err(|e| e.to_string())
         });
         let mut reads = Reads::ALL;
+        let mut named = None;
         let program = match parsed {
             Ok(Ok(mut expr)) => {
                 rewrite(&mut expr);
                 reads = Reads::NONE;
                 reads.add(&expr);
+                named = reads::named_attributes(&expr);
                 Ok(expr)
             }
             Ok(Err(message)) => Err(Refusal::Invalid(format!(
@@ -112,7 +118,8 @@ impl Selector {
             program,
             reads,
             checked: OnceLock::new(),
-            by_driver: Mutex::new(HashMap::new()),
+            named,
+            memo: Mutex::new(HashMap::new()),
         }
     }
 
@@ -160,23 +167,24 @@ impl Selector {
         driver: &Arc<str>,
         device: &SliceDevice,
     ) -> Outcome {
-        let driver_only = !(self.reads.attributes
-            || self.reads.capacity
-            || self.reads.allow_multiple_allocations);
-        if !driver_only {
+        let Some(named) = &self.named else {
             return self.evaluate(env, &DeviceValue::of(driver, device, self.reads));
-        }
-        let key = (env.release, driver.clone());
-        if let Some(known) = self
-            .by_driver
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&key).cloned())
-        {
+        };
+        let key = MemoKey {
+            release: env.release,
+            driver: driver.clone(),
+            attributes: named
+                .iter()
+                .map(|(domain, name)| reads::entries(driver, device, domain, name))
+                .collect(),
+        };
+        if let Some(known) = self.memo.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return known;
         }
         let outcome = self.evaluate(env, &DeviceValue::of(driver, device, self.reads));
-        if let Ok(mut m) = self.by_driver.lock() {
+        if let Ok(mut m) = self.memo.lock()
+            && m.len() < reads::MEMO_LIMIT
+        {
             m.insert(key, outcome.clone());
         }
         outcome
@@ -343,86 +351,6 @@ fn base_context() -> Context<'static> {
 /// A device as the `device` CEL variable.
 #[derive(Debug, Clone)]
 pub struct DeviceValue(Value);
-
-/// Which fields of `device` an expression can reach. Building the variable
-/// is most of what evaluating a class selector such as
-/// `device.driver == "neuron.aws.com"` costs (the capacities go through the
-/// quantity library), and over 100,000 devices that is seconds: only what
-/// the expression can read is built. Any use of `device` other than
-/// `device.<field>` counts as reading everything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reads {
-    pub driver: bool,
-    pub attributes: bool,
-    pub capacity: bool,
-    pub allow_multiple_allocations: bool,
-}
-
-impl Reads {
-    pub const ALL: Reads = Reads {
-        driver: true,
-        attributes: true,
-        capacity: true,
-        allow_multiple_allocations: true,
-    };
-    pub const NONE: Reads = Reads {
-        driver: false,
-        attributes: false,
-        capacity: false,
-        allow_multiple_allocations: false,
-    };
-
-    /// Adds what `expr` reads.
-    fn add(&mut self, expr: &IdedExpr) {
-        match &expr.expr {
-            Expr::Select(s) if matches!(&s.operand.expr, Expr::Ident(n) if n == "device") => {
-                match s.field.as_str() {
-                    "driver" => self.driver = true,
-                    "attributes" => self.attributes = true,
-                    "capacity" => self.capacity = true,
-                    "allowMultipleAllocations" => self.allow_multiple_allocations = true,
-                    _ => *self = Reads::ALL,
-                }
-            }
-            Expr::Ident(n) if n == "device" => *self = Reads::ALL,
-            Expr::Select(s) => self.add(&s.operand),
-            Expr::Call(call) => {
-                if let Some(target) = call.target.as_deref() {
-                    self.add(target);
-                }
-                call.args.iter().for_each(|a| self.add(a));
-            }
-            Expr::Comprehension(c) => {
-                for e in [
-                    &c.iter_range,
-                    &c.accu_init,
-                    &c.loop_cond,
-                    &c.loop_step,
-                    &c.result,
-                ] {
-                    self.add(e);
-                }
-            }
-            Expr::List(list) => list.elements.iter().for_each(|e| self.add(e)),
-            Expr::Map(map) => {
-                for entry in &map.entries {
-                    if let EntryExpr::MapEntry(e) = &entry.expr {
-                        self.add(&e.key);
-                        self.add(&e.value);
-                    }
-                }
-            }
-            Expr::Struct(s) => {
-                for entry in &s.entries {
-                    if let EntryExpr::StructField(f) = &entry.expr {
-                        self.add(&f.value);
-                    }
-                }
-            }
-            Expr::Unspecified | Expr::Ident(_) | Expr::Literal(_) => {}
-        }
-    }
-}
 
 /// Splits a qualified attribute name; unqualified names are in the driver's domain.
 pub fn split_attribute_name<'a>(driver: &'a str, name: &'a str) -> (&'a str, &'a str) {
