@@ -7,7 +7,7 @@
 //! can be passed as is.
 //!
 //! ResourceSlices are kept in the compact form of [`crate::slices`], and a
-//! JSON file is read object by object ([`document`]): a 1,000-node dump is
+//! JSON file is read object by object (`document`): a 1,000-node dump is
 //! ~77 MB of JSON, and holding it as one `serde_json::Value` tree (then a
 //! copy of its items, then the typed objects) took 3.4 GiB.
 

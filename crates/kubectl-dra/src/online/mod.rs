@@ -7,7 +7,7 @@
 //! API server older than `resource.k8s.io/v1`, a timeout), because the
 //! person reading them is stuck on a Pending pod, not debugging us.
 //!
-//! Lists are read in pages ([`pages`]), as kubectl reads them, and only
+//! Lists are read in pages (`pages`), as kubectl reads them, and only
 //! what a command needs is asked for: `topology NODE` and `devices --node`
 //! ask for that node's ResourceSlices by field selector instead of the
 //! fleet's (~77 MB of JSON on 1,000 nodes).
