@@ -51,6 +51,7 @@ fn from_json<T: serde::de::DeserializeOwned>(what: &str, v: serde_json::Value) -
 struct Scrape {
     sli: Histogram,
     attempt: Histogram,
+    filter: Histogram,
     dra_filter: Histogram,
     results: [f64; 3],
 }
@@ -68,6 +69,11 @@ impl Scrape {
             attempt: Histogram::parse(text, "scheduler_scheduling_attempt_duration_seconds", |l| {
                 label(l, "result") == Some("scheduled")
             }),
+            filter: Histogram::parse(
+                text,
+                "scheduler_framework_extension_point_duration_seconds",
+                |l| label(l, "extension_point") == Some("Filter"),
+            ),
             dra_filter: Histogram::parse(
                 text,
                 "scheduler_plugin_execution_duration_seconds",
@@ -214,6 +220,7 @@ pub async fn run(s: &Subjects<'_>, kind: ClaimKind, pods: usize) -> Result<Phase
         },
         sli: Latency::of(&after.sli.since(&before.sli)),
         attempt: Latency::of(&after.attempt.since(&before.attempt)),
+        filter: Latency::of(&after.filter.since(&before.filter)),
         dra_filter: Latency::of(&after.dra_filter.since(&before.dra_filter)),
         attempts_scheduled: delta(0),
         attempts_unschedulable: delta(1),

@@ -41,8 +41,14 @@ pub struct Phase {
     /// every attempt included (backoff excluded only where the scheduler excludes it).
     pub sli: Latency,
     /// `scheduler_scheduling_attempt_duration_seconds{result="scheduled"}`:
-    /// one successful scheduling cycle.
+    /// one successful attempt, its binding included (and so the wait for
+    /// the scheduler's client rate limit).
     pub attempt: Latency,
+    /// `scheduler_framework_extension_point_duration_seconds{extension_point="Filter"}`:
+    /// the Filter phase of one cycle over every node, plugins in parallel:
+    /// the scheduler's compute per pod, no API call in it.
+    #[serde(default)]
+    pub filter: Latency,
     /// `scheduler_plugin_execution_duration_seconds` of DynamicResources'
     /// Filter (sampled by the scheduler: about 10 % of cycles).
     pub dra_filter: Latency,
@@ -93,8 +99,12 @@ pub struct Profile {
     pub nodes: usize,
     pub seconds: u64,
     pub file: String,
-    /// `go tool pprof -top` lines.
+    /// `go tool pprof -top` lines (by own time).
     pub top: Vec<String>,
+    /// `go tool pprof -top -cum` lines (by time spent in a function and
+    /// what it calls): where the scheduler's own code spends.
+    #[serde(default)]
+    pub top_cum: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -152,7 +162,7 @@ impl SchedulerReport {
             ));
         }
         out.push(format!(
-            "{:<11} {:>5} {:<14} {:>5} {:>6} {:>7} {:>7} {:>15} {:>15} {:>13} {:>7} {:>7} {:>7}",
+            "{:<11} {:>5} {:<14} {:>5} {:>6} {:>7} {:>7} {:>15} {:>15} {:>13} {:>13} {:>7} {:>7} {:>7}",
             "shape",
             "nodes",
             "claim",
@@ -161,7 +171,8 @@ impl SchedulerReport {
             "bind s",
             "pods/s",
             "sli p50/p99 ms",
-            "cycle p50/p99",
+            "attempt p50/99",
+            "filter p50/99",
             "dra filter",
             "unsched",
             "api cpu",
@@ -170,7 +181,7 @@ impl SchedulerReport {
         for r in &self.runs {
             for p in &r.phases {
                 out.push(format!(
-                    "{:<11} {:>5} {:<14} {:>5} {:>6} {:>7.2} {:>7.1} {:>15} {:>15} {:>13} {:>7} {:>7.1} {:>7.1}",
+                    "{:<11} {:>5} {:<14} {:>5} {:>6} {:>7.2} {:>7.1} {:>15} {:>15} {:>13} {:>13} {:>7} {:>7.1} {:>7.1}",
                     r.shape,
                     r.nodes,
                     p.claim,
@@ -180,6 +191,7 @@ impl SchedulerReport {
                     p.pods_per_s,
                     format!("{}/{}", opt(p.sli.p50_ms), opt(p.sli.p99_ms)),
                     format!("{}/{}", opt(p.attempt.p50_ms), opt(p.attempt.p99_ms)),
+                    format!("{}/{}", opt(p.filter.p50_ms), opt(p.filter.p99_ms)),
                     format!("{}/{}", opt(p.dra_filter.p50_ms), opt(p.dra_filter.p99_ms)),
                     p.attempts_unschedulable,
                     p.apiserver_cpu_s,
@@ -199,6 +211,8 @@ impl SchedulerReport {
                 p.shape, p.nodes, p.seconds, p.file
             ));
             out.extend(p.top.iter().map(|l| format!("  {l}")));
+            out.push("  by cumulative time:".into());
+            out.extend(p.top_cum.iter().map(|l| format!("  {l}")));
         }
         out
     }
@@ -219,17 +233,28 @@ impl SchedulerReport {
                     continue;
                 };
                 let mut parts = Vec::new();
-                let (mut sum_o, mut sum_c) = (0.0, 0.0);
+                let (mut bind_o, mut bind_c, mut cpu_o, mut cpu_c) = (0.0, 0.0, 0.0, 0.0);
                 for p in &o.phases {
                     if let Some(c) = chips.phases.iter().find(|c| c.claim == p.claim) {
-                        parts.push(format!("{} {}", p.claim, ratio(p.bind_s, c.bind_s)));
-                        sum_o += p.bind_s;
-                        sum_c += c.bind_s;
+                        parts.push(format!(
+                            "{} {} (filter p50 {})",
+                            p.claim,
+                            ratio(p.bind_s, c.bind_s),
+                            match (p.filter.p50_ms, c.filter.p50_ms) {
+                                (Some(a), Some(b)) => ratio(a, b),
+                                _ => "-".into(),
+                            }
+                        ));
+                        bind_o += p.bind_s;
+                        bind_c += c.bind_s;
+                        cpu_o += p.scheduler_cpu_s;
+                        cpu_c += c.scheduler_cpu_s;
                     }
                 }
                 out.push(format!(
-                    "{n} nodes: {other} / trn2-chips time to bind: {} in all ({})",
-                    ratio(sum_o, sum_c),
+                    "{n} nodes: {other} / trn2-chips: time to bind {} in all, scheduler CPU {} ({})",
+                    ratio(bind_o, bind_c),
+                    ratio(cpu_o, cpu_c),
                     parts.join(", ")
                 ));
             }
@@ -245,3 +270,7 @@ fn ratio(a: f64, b: f64) -> String {
         "-".into()
     }
 }
+
+#[cfg(test)]
+#[path = "report_tests.rs"]
+mod tests;
