@@ -318,6 +318,13 @@ async fn run_size(
     tokio::time::sleep(options.steady).await;
     let (t3, cpu3) = (unix_now(), apiserver_cpu(cluster));
     let steady_rss = apiserver_memory(cluster).0;
+    // The simulator's own peak so far (all its sizes): what a size costs
+    // the machine beside the API server.
+    let fleet_peak_rss_kib = std::process::id()
+        .try_into()
+        .ok()
+        .and_then(proc_memory_kib)
+        .map_or(0, |(_, hwm)| hwm);
 
     eprintln!("fleet: {shape}, {n} nodes: restarting {APISERVER}");
     let t4 = unix_now();
@@ -362,6 +369,7 @@ async fn run_size(
         steady_apiserver_cpu_s: cpu3 - cpu2,
         steady_requests: count_requests(&audit, fleet, t2, t3),
         steady_apiserver_rss_kib: steady_rss,
+        fleet_peak_rss_kib,
         storm,
     })
 }

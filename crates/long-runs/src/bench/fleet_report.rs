@@ -89,6 +89,10 @@ pub struct FleetSize {
     pub steady_requests: RequestCounts,
     /// Resident memory at the end of the steady window, KiB.
     pub steady_apiserver_rss_kib: u64,
+    /// Peak resident memory of the simulating process (`VmHWM`, so over
+    /// this and every earlier size) at the end of the steady window, KiB.
+    #[serde(default)]
+    pub fleet_peak_rss_kib: u64,
     pub storm: Storm,
 }
 
@@ -153,7 +157,7 @@ impl ShapeRun {
             ));
         }
         out.push(format!(
-            "{:>6} {:>9} {:>9} {:>8} {:>14} {:>8} {:>26} {:>13} {:>10}",
+            "{:>6} {:>9} {:>9} {:>8} {:>14} {:>8} {:>26} {:>13} {:>10} {:>9}",
             "nodes",
             "publish s",
             "api CPU s",
@@ -162,11 +166,12 @@ impl ShapeRun {
             "req/node",
             "RSS MiB before/peak/steady",
             "steady r/w/wr",
-            "steady CPU"
+            "steady CPU",
+            "fleet MiB"
         ));
         for s in &self.sizes {
             out.push(format!(
-                "{:>6} {:>9.2} {:>9.2} {:>8.1} {:>14} {:>8.2} {:>26} {:>13} {:>10.2}",
+                "{:>6} {:>9.2} {:>9.2} {:>8.1} {:>14} {:>8.2} {:>26} {:>13} {:>10.2} {:>9.0}",
                 s.nodes,
                 s.publish_s,
                 s.publish_apiserver_cpu_s,
@@ -180,7 +185,8 @@ impl ShapeRun {
                     mib(s.steady_apiserver_rss_kib)
                 ),
                 rww(&s.steady_requests),
-                s.steady_apiserver_cpu_s
+                s.steady_apiserver_cpu_s,
+                mib(s.fleet_peak_rss_kib)
             ));
         }
         for s in &self.sizes {
@@ -292,6 +298,7 @@ mod tests {
                 steady_apiserver_cpu_s: 0.1,
                 steady_requests: RequestCounts::default(),
                 steady_apiserver_rss_kib: 2048,
+                fleet_peak_rss_kib: 4096,
                 storm: Storm::default(),
             }],
         };
