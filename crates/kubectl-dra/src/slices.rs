@@ -201,7 +201,7 @@ mod tests {
 
     #[test]
     fn keeps_what_allocation_reads() {
-        let text = include_str!("../tests/fixtures/trn2-cores.yaml");
+        let text = include_str!("../tests/fixtures/trn2-cores-neuron.yaml");
         let docs: Vec<serde_json::Value> =
             serde_saphyr::from_multiple(text).unwrap_or_else(|e| panic!("{e}"));
         let list = &docs[0];

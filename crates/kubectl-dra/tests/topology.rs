@@ -88,7 +88,14 @@ const NODES: &[(&str, &[&str])] = &[
         &["trn1-efa.yaml", "trn1-neuron.yaml", "trn1-state.yaml"],
     ),
     ("trn2", &["trn2-efa.yaml", "trn2-neuron.yaml"]),
-    ("trn2-cores", &["trn2-cores.yaml"]),
+    (
+        "trn2-cores",
+        &[
+            "trn2-cores-efa.yaml",
+            "trn2-cores-neuron.yaml",
+            "trn2-cores-state.yaml",
+        ],
+    ),
 ];
 
 #[test]
@@ -138,19 +145,19 @@ fn text_draws_roots_grid_holders_and_taints() {
     // The grid: row 0 is chips 0-3, all held; chip 7 (row 1, col 3) tainted.
     let row0 = lines
         .iter()
-        .find(|l| l.contains("neuron-device-0 "))
+        .find(|l| l.contains("neurondevice0 "))
         .unwrap_or_else(|| panic!("no chip 0:\n{out}"));
     for chip in 0..4 {
-        assert!(row0.contains(&format!("● neuron-device-{chip} ")), "{row0}");
+        assert!(row0.contains(&format!("● neurondevice{chip} ")), "{row0}");
     }
     let row1 = lines
         .iter()
-        .find(|l| l.contains("neuron-device-4 "))
+        .find(|l| l.contains("neurondevice4 "))
         .unwrap_or_else(|| panic!("no chip 4:\n{out}"));
     assert!(
         row1.trim_end_matches('│')
             .trim_end()
-            .ends_with("▲ neuron-device-7"),
+            .ends_with("▲ neurondevice7"),
         "{row1}"
     );
     assert!(out.contains("Neuron chips (4×4 torus"), "{out}");
@@ -161,11 +168,11 @@ fn text_draws_roots_grid_holders_and_taints() {
         "{out}"
     );
     assert!(
-        out.contains("● team-a/training-job: efa-0000-10-1a-0, efa-0000-a0-1a-0, neuron-device-0, neuron-device-1, neuron-device-2, neuron-device-3"),
+        out.contains("● team-a/training-job: efa-0000-10-1a-0, efa-0000-a0-1a-0, neurondevice0, neurondevice1, neurondevice2, neurondevice3"),
         "{out}"
     );
     assert!(
-        out.contains("▲ neuron-device-7: example.com/maintenance=memory-test:NoSchedule (DeviceTaintRule chip-7-maintenance)"),
+        out.contains("▲ neurondevice7: example.com/maintenance=memory-test:NoSchedule (DeviceTaintRule chip-7-maintenance)"),
         "{out}"
     );
     // Box lines of one table are all as wide as each other.
@@ -230,10 +237,10 @@ fn health_taints_show_as_unhealthy_and_cores_as_partitions() {
     assert!(out.contains("✖ "), "{out}");
     // The chip's health taint is on each of its cores too: one line for all.
     assert!(
-        out.contains("✖ neuron-device-5 and its 8 cores: neuron.aws.com/sram-ecc-uncorrected=1:NoSchedule (health reported by neuron.aws.com)"),
+        out.contains("✖ neurondevice5 and its 8 cores: neuron.aws.com/sram-ecc-uncorrected=1:NoSchedule (health reported by neuron.aws.com)"),
         "{out}"
     );
-    assert!(!out.contains("✖ neuron-device-5-core-0:"), "{out}");
+    assert!(!out.contains("✖ neurondevice5-core-0:"), "{out}");
     assert!(
         out.contains("✖ efa-0000-6c-00-0: efa.networking.k8s.aws/admin-queue-closed=1:NoSchedule"),
         "{out}"

@@ -38,7 +38,7 @@ fn neuron_device() -> Device {
         },
     );
     Device {
-        name: "neuron-device-3".to_string(),
+        name: "neurondevice3".to_string(),
         attributes: Some(attributes),
         capacity: Some(capacity),
         ..Default::default()

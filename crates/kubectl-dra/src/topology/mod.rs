@@ -476,7 +476,7 @@ struct PlacedChip {
     core_count: Option<i64>,
 }
 
-/// Natural order for names like `efa-0000-4f-00-0` and `neuron-device-10`:
+/// Natural order for names like `efa-0000-4f-00-0` and `neurondevice10`:
 /// digit runs compare as numbers.
 fn natural_key(s: &str) -> NaturalKey {
     let mut out = Vec::new();
@@ -716,11 +716,8 @@ mod tests {
 
     #[test]
     fn natural_order_compares_numbers() {
-        let mut names = vec!["neuron-device-10", "neuron-device-2", "neuron-device-1"];
+        let mut names = vec!["neurondevice10", "neurondevice2", "neurondevice1"];
         names.sort_by_key(|n| natural_key(n));
-        assert_eq!(
-            names,
-            ["neuron-device-1", "neuron-device-2", "neuron-device-10"]
-        );
+        assert_eq!(names, ["neurondevice1", "neurondevice2", "neurondevice10"]);
     }
 }
