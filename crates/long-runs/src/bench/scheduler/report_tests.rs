@@ -14,7 +14,7 @@ fn phase(claim: &str, bind_s: f64, cpu_s: f64, filter_p50: f64) -> Phase {
             n: 10,
             p50_ms: Some(filter_p50),
             p99_ms: Some(filter_p50 * 2.0),
-            mean_ms: None,
+            mean_ms: Some(filter_p50),
         },
         dra_filter: Latency::default(),
         attempts_scheduled: 10,
@@ -80,7 +80,7 @@ fn cores_and_aws_compare_to_chips_on_the_claims_they_share() {
     assert_eq!(
         lines[0],
         "50 nodes: trn2-cores / trn2-chips: time to bind 2.00x in all, scheduler CPU 3.00x \
-         (neuron1 1.00x (filter p50 2.00x), neuron4 3.00x (filter p50 10.00x))"
+         (neuron1 1.00x (filter mean 2.00x), neuron4 3.00x (filter mean 10.00x))"
     );
     let table = report.table();
     assert!(
