@@ -1,7 +1,8 @@
 //! `kubectl dra topology` as a user runs it, offline, on our drivers' real
 //! `discover` output for the sample nodes: the SVG is strict XML and names
 //! every device the node publishes; the text shows roots, the chip grid,
-//! holders and taints, and colour only when asked.
+//! holders and taints, and colour only when asked; the pictures in
+//! `docs/images` are what it draws now.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -284,4 +285,39 @@ fn json_model_counts_devices() {
     assert_eq!(v["grid"]["chips"].as_array().map(Vec::len), Some(16));
     assert_eq!(v["grid"]["torus"], true);
     assert_eq!(v["roots"].as_array().map(Vec::len), Some(8));
+}
+
+/// The pictures in `docs/images` that `docs/troubleshooting.md` shows, and
+/// the sample node (of [`NODES`]) each draws.
+const DOC_IMAGES: &[(&str, &str)] = &[("topology-trn2-cores.svg", "trn2-cores")];
+
+/// The docs show what the tool draws now: each image is compared with a
+/// fresh rendering, and `UPDATE_FIXTURES=1 cargo test -p kubectl-dra --test
+/// topology` rewrites them (as it rewrites the fixtures in
+/// `fixtures_current`).
+#[test]
+fn doc_images_are_the_current_rendering() {
+    let images = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/images");
+    for (file, name) in DOC_IMAGES {
+        let files = NODES
+            .iter()
+            .find(|(node, _)| node == name)
+            .map(|(_, files)| *files)
+            .unwrap_or_else(|| panic!("{file}: no sample node {name}"));
+        let (code, svg, err) = run(files, &["topology", name, "-o", "svg"]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let path = images.join(file);
+        if std::env::var_os("UPDATE_FIXTURES").is_some() {
+            std::fs::write(&path, &svg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            continue;
+        }
+        let committed =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            committed == svg,
+            "{} is not what `kubectl dra topology {name} -o svg` draws now from {files:?}; \
+             regenerate: UPDATE_FIXTURES=1 cargo test -p kubectl-dra --test topology",
+            path.display()
+        );
+    }
 }
