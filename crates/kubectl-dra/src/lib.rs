@@ -1,12 +1,33 @@
 //! `kubectl dra`: why a DRA claim is pending, and which devices are free.
 //!
 //! The library holds everything the binary does apart from argument parsing
-//! and printing, so that tests and the benchmark drive the same code:
-//! [`inventory`] loads objects (from files, or the API server through
-//! [`online`]) and keeps ResourceSlices in the compact form of [`slices`], [`cel`]
-//! evaluates selectors as kube-scheduler does, [`explain`] works out per
-//! request which devices qualify and why the others do not, [`devices`]
-//! builds the device table, [`topology`] draws one node.
+//! and printing (`main.rs`), so that tests and the benchmark drive the same
+//! code. Data flows from the inputs to the three commands:
+//!
+//! - [`inventory`]: loads the objects from files (`-f`: `kubectl get` dumps
+//!   and our drivers' `discover` output); `document` reads a file object by
+//!   object.
+//! - [`online`]: the same objects from the API server, with kubectl's
+//!   kubeconfig rules; `pages` lists in pages with progress.
+//! - [`slices`]: ResourceSlices in the compact form kept for a whole fleet
+//!   (strings interned, only what allocation reads).
+//! - [`world`]: the devices the scheduler can see, who holds each and what is
+//!   left of each shared counter; every command reads from it.
+//! - [`cel`]: selectors evaluated as kube-scheduler does, per Kubernetes
+//!   release ([`cel::release`]); `check` refuses what the API server
+//!   refuses, `macros` adds what the `cel` crate lacks, `reads` finds what of
+//!   `device` a selector reads (so that only that is built, and outcomes are
+//!   reused).
+//! - [`explain`]: `explain claim|pod`, one verdict per claim;
+//!   [`explain::subject`] finds what is explained (a claim, or each claim of
+//!   a pod), `request` checks one request against every device, `solve` fits
+//!   the requests together on one node under the constraints, `allocated`
+//!   checks a claim that is already allocated.
+//! - [`lookup`]: `-A` for `explain`: the namespace that holds the claim or pod.
+//! - [`render`]: an explanation as plain text.
+//! - [`devices`]: `devices`: the device table.
+//! - [`topology`]: `topology NODE`: one node as a picture, drawn by
+//!   [`topology::text`] for a terminal and [`topology::svg`] for docs.
 
 pub mod cel;
 pub mod devices;
