@@ -233,10 +233,16 @@ impl PublisherConfig {
     /// before the machine ran out of memory). A cached list can be a
     /// moment old; the watch that follows brings it up to date, and a
     /// write from a stale view is refused by its precondition and retried.
+    /// Unpaged: kube drops `resourceVersion=0` from a list that has a
+    /// limit (the server would ignore the limit there anyway), which would
+    /// make it a read of the latest version again; a node's own slices are
+    /// a handful.
     pub(crate) fn watch_config(&self) -> watcher::Config {
-        watcher::Config::default()
+        let mut config = watcher::Config::default()
             .fields(&self.field_selector())
-            .any_semantic()
+            .any_semantic();
+        config.page_size = None;
+        config
     }
 
     /// The desired pool for `content` less the devices in `withheld`; no
@@ -954,8 +960,28 @@ mod tests {
             watch.field_selector.as_deref(),
             Some("spec.nodeName=ip-10-0-0-1.ec2.internal")
         );
-        // Lists from the watch cache, never a quorum read from etcd.
+        // Lists from the watch cache, never a quorum read from etcd: the
+        // request carries resourceVersion=0 only without a limit.
         assert_eq!(watch.list_semantic, watcher::ListSemantic::Any);
+        assert_eq!(watch.page_size, None);
+        let list = |limit| {
+            let params = kube::api::ListParams {
+                resource_version: Some("0".into()),
+                limit,
+                ..Default::default()
+            };
+            kube::core::Request::new("/apis/resource.k8s.io/v1/resourceslices")
+                .list(&params)
+                .expect("list request")
+                .uri()
+                .to_string()
+        };
+        assert!(list(None).contains("resourceVersion=0"), "{}", list(None));
+        assert!(
+            !list(Some(500)).contains("resourceVersion"),
+            "{}",
+            list(Some(500))
+        );
         assert!(matches!(
             PublisherConfig::new("Bad_Driver", "n", None, metrics.clone()),
             Err(PublisherConfigError::InvalidDriverName(d)) if d == "Bad_Driver"
