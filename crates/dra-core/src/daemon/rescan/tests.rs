@@ -1,0 +1,307 @@
+use super::*;
+use crate::kubelet::health::HealthState;
+use crate::scan::inventory::{DeviceHealth, HealthCondition, HostPaths};
+use k8s_openapi::api::resource::v1::Device;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A fake inventory: the test sets what the next scan finds, or that it
+/// fails, and counts the scans.
+#[derive(Clone)]
+struct Hardware {
+    state: Arc<Mutex<Result<Vec<ScannedDevice>, String>>>,
+    scans: Arc<AtomicUsize>,
+}
+
+impl Default for Hardware {
+    fn default() -> Self {
+        Hardware {
+            state: Arc::new(Mutex::new(Ok(Vec::new()))),
+            scans: Arc::default(),
+        }
+    }
+}
+
+impl Hardware {
+    fn set(&self, names: &[&str]) {
+        *self.state.lock().unwrap() = Ok(names
+            .iter()
+            .map(|n| {
+                ScannedDevice::healthy(Device {
+                    name: n.to_string(),
+                    ..Default::default()
+                })
+            })
+            .collect());
+    }
+    fn set_health(&self, name: &str, health: DeviceHealth) {
+        if let Ok(list) = &mut *self.state.lock().unwrap() {
+            for s in list.iter_mut().filter(|s| s.device.name == name) {
+                s.health = health.clone();
+            }
+        }
+    }
+    fn fail(&self) {
+        *self.state.lock().unwrap() = Err("sysfs gone".into());
+    }
+    fn scans(&self) -> usize {
+        self.scans.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ScanFailed(String);
+
+struct NullDriver;
+impl crate::Driver for NullDriver {
+    type Config = NoConfig;
+    async fn prepare(
+        &self,
+        _: &crate::ClaimRef,
+        _: &[crate::AllocatedDevice<NoConfig>],
+    ) -> Result<Vec<crate::DeviceEdits>, crate::DriverError> {
+        Ok(vec![])
+    }
+}
+#[derive(Debug, Clone, serde::Deserialize)]
+struct NoConfig {}
+impl crate::DriverConfig for NoConfig {
+    const API_VERSIONS: &'static [&'static str] = &["x/v1"];
+    const KIND: &'static str = "X";
+}
+
+impl DeviceInventory for Hardware {
+    type Flags = crate::daemon::cli::NoExtraArgs;
+    type Error = ScanFailed;
+    type Driver = NullDriver;
+    const UEVENT_SUBSYSTEMS: &'static [&'static str] = &["pci"];
+    fn open(_: &HostPaths, _: &Self::Flags, _: &Registry) -> Result<Self, ScanFailed> {
+        Ok(Hardware::default())
+    }
+    fn scan(&mut self) -> Result<Vec<ScannedDevice>, ScanFailed> {
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        self.state.lock().unwrap().clone().map_err(ScanFailed)
+    }
+    fn driver(&self) -> NullDriver {
+        NullDriver
+    }
+}
+
+fn names(rx: &watch::Receiver<PoolContent>) -> Vec<String> {
+    rx.borrow().iter().map(|d| d.name.clone()).collect()
+}
+
+#[tokio::test]
+async fn sends_devices_only_when_they_change_and_keeps_them_on_failure() {
+    let hw = Hardware::default();
+    hw.set(&["a", "b"]);
+    let registry = Registry::new();
+    let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
+    let (rescanner, mut feeds) = Rescanner::new(
+        hw.clone(),
+        PoolId {
+            driver: "test.example.com",
+            pool: "node-1",
+        },
+        None,
+        Some(metrics.clone()),
+    );
+
+    assert!(rescanner.rescan(Trigger::Start).await.unwrap());
+    assert!(feeds.devices.has_changed().unwrap());
+    feeds.devices.mark_unchanged();
+    assert_eq!(names(&feeds.devices), ["a", "b"]);
+    assert!(
+        !rescanner.rescan(Trigger::Interval).await.unwrap(),
+        "same set"
+    );
+    assert!(!feeds.devices.has_changed().unwrap(), "nothing sent");
+
+    hw.fail();
+    let err = rescanner.rescan(Trigger::Interval).await.unwrap_err();
+    assert_eq!(err.to_string(), "sysfs gone");
+    assert_eq!(names(&feeds.devices), ["a", "b"], "kept on failure");
+
+    hw.set(&["b"]);
+    assert!(rescanner.rescan(Trigger::Uevent).await.unwrap());
+    assert_eq!(names(&feeds.devices), ["b"]);
+
+    let count = |t: &str| metrics.rescans_total.with_label_values(&[t]).get();
+    assert_eq!(
+        (count("start"), count("interval"), count("uevent")),
+        (1, 1, 1)
+    );
+    assert_eq!(metrics.devices.get(), 1);
+    assert_eq!(metrics.rescan_seconds.get_sample_count(), 3);
+    assert!(
+        RescanMetrics::register(&registry, "aws_dra_test").is_err(),
+        "duplicate names"
+    );
+}
+
+#[tokio::test]
+async fn health_follows_every_scan() {
+    let hw = Hardware::default();
+    hw.set(&["a", "b"]);
+    let timeout = Some(Duration::from_secs(30));
+    let registry = Registry::new();
+    let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
+    let (rescanner, mut feeds) = Rescanner::new(
+        hw.clone(),
+        PoolId {
+            driver: "test.example.com",
+            pool: "node-1",
+        },
+        timeout,
+        Some(metrics.clone()),
+    );
+    rescanner.rescan(Trigger::Start).await.unwrap();
+    let first = feeds.health.borrow_and_update().clone();
+    assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|s| s.pool == "node-1"
+        && s.state == HealthState::Healthy
+        && s.health_check_timeout == timeout));
+
+    hw.set_health(
+        "b",
+        DeviceHealth {
+            conditions: vec![HealthCondition {
+                dimension: "admin-queue-closed".into(),
+                severity: Severity::Fatal,
+                value: "1".into(),
+            }],
+        },
+    );
+    assert!(
+        rescanner.rescan(Trigger::Interval).await.unwrap(),
+        "a new condition is a new taint: the devices changed"
+    );
+    let taints = feeds
+        .devices
+        .borrow()
+        .iter()
+        .find(|d| d.name == "b")
+        .and_then(|d| d.taints.clone())
+        .unwrap();
+    assert_eq!(taints.len(), 1);
+    assert_eq!(taints[0].key, "test.example.com/admin-queue-closed");
+    assert_eq!(taints[0].effect, "NoSchedule");
+    assert!(
+        !rescanner.rescan(Trigger::Interval).await.unwrap(),
+        "the same condition again: nothing to publish"
+    );
+    assert!(
+        feeds.health.has_changed().unwrap(),
+        "health is refreshed on every scan"
+    );
+    let b = feeds
+        .health
+        .borrow_and_update()
+        .iter()
+        .find(|s| s.device == "b")
+        .cloned()
+        .unwrap();
+    assert_eq!(b.state, HealthState::Unhealthy);
+    assert_eq!(b.message, "admin-queue-closed=1 (Fatal)");
+    let by_state = |s: &str| metrics.devices_by_health.with_label_values(&[s]).get();
+    assert_eq!((by_state("healthy"), by_state("unhealthy")), (1, 1));
+    assert_eq!(
+        metrics
+            .health_transitions
+            .with_label_values(&["admin-queue-closed"])
+            .get(),
+        1,
+        "counted once, not per scan"
+    );
+}
+
+#[tokio::test]
+async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
+    let hw = Hardware::default();
+    hw.set(&["a"]);
+    let (rescanner, feeds) = Rescanner::new(
+        hw.clone(),
+        PoolId {
+            driver: "test.example.com",
+            pool: "n",
+        },
+        None,
+        None,
+    );
+    rescanner.rescan(Trigger::Start).await.unwrap();
+    let (trigger_tx, trigger_rx) = mpsc::channel(1);
+    let config = RescanConfig {
+        interval: Duration::from_secs(3600),
+        settle: Duration::from_millis(20),
+    };
+    let task = tokio::spawn(rescanner.run(trigger_rx, config));
+    let mut devices = feeds.devices.clone();
+
+    // A uevent rescans long before the (one hour) interval.
+    hw.set(&["a", "b"]);
+    trigger_tx.send(Trigger::Uevent).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), devices.wait_for(|d| d.len() == 2))
+        .await
+        .expect("rescanned after the uevent")
+        .unwrap();
+    // A burst inside the settle delay gives one scan, not one per event.
+    let before = hw.scans();
+    for _ in 0..5 {
+        let _ = trigger_tx.try_send(Trigger::Uevent);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        hw.scans() - before <= 2,
+        "{} scans for a burst",
+        hw.scans() - before
+    );
+
+    drop(devices);
+    drop(feeds);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the loop stops when nobody reads the devices")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_interval_rescans_without_events() {
+    let hw = Hardware::default();
+    hw.set(&["a"]);
+    let (rescanner, feeds) = Rescanner::new(
+        hw.clone(),
+        PoolId {
+            driver: "test.example.com",
+            pool: "n",
+        },
+        None,
+        None,
+    );
+    rescanner.rescan(Trigger::Start).await.unwrap();
+    let (_trigger_tx, trigger_rx) = mpsc::channel(1);
+    let config = RescanConfig {
+        interval: Duration::from_millis(50),
+        settle: UEVENT_SETTLE,
+    };
+    tokio::spawn(rescanner.run(trigger_rx, config));
+    hw.set(&["a", "c"]);
+    let mut devices = feeds.devices.clone();
+    tokio::time::timeout(Duration::from_secs(10), devices.wait_for(|d| d.len() == 2))
+        .await
+        .expect("the interval rescanned")
+        .unwrap();
+}
+
+#[test]
+fn health_timeout_covers_three_rescans_and_kubelets_default() {
+    let t = |s| {
+        RescanConfig {
+            interval: Duration::from_secs(s),
+            settle: UEVENT_SETTLE,
+        }
+        .health_timeout()
+    };
+    assert_eq!(t(10), Duration::from_secs(30));
+    assert_eq!(t(1), Duration::from_secs(30));
+    assert_eq!(t(60), Duration::from_secs(180));
+}
