@@ -5,7 +5,10 @@
 
 use serde_json::{Value, json};
 
-use super::shapes::{EFA_DRIVER, GPU_DRIVER, NEURON_DRIVER};
+/// The drivers the claims ask for (the shapes publish under these names).
+pub const EFA_DRIVER: &str = "efa.networking.k8s.aws";
+pub const NEURON_DRIVER: &str = "neuron.aws.com";
+pub const GPU_DRIVER: &str = "gpu.nvidia.com";
 
 /// What one pod asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

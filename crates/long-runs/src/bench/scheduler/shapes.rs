@@ -12,7 +12,7 @@ use std::process::Command;
 
 use serde_json::{Map, Value, json};
 
-use super::claims::ClaimKind;
+use super::claims::{ClaimKind, EFA_DRIVER, NEURON_DRIVER};
 use local_cluster::error::{Error, Result};
 
 /// The label of every object the bench creates cluster-wide.
@@ -20,9 +20,6 @@ pub const LABEL: &str = "bench.aws-dra.dev/scheduler";
 /// The node name the templates are discovered under (replaced per node).
 const TEMPLATE_NODE: &str = "template";
 
-pub const EFA_DRIVER: &str = "efa.networking.k8s.aws";
-pub const NEURON_DRIVER: &str = "neuron.aws.com";
-pub const GPU_DRIVER: &str = "gpu.nvidia.com";
 /// DRANET's driver name: AWS's EFA DeviceClass selects its devices.
 pub const DRANET_DRIVER: &str = "dra.net";
 
