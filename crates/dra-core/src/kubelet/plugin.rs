@@ -5,12 +5,11 @@
 //! `<plugins-dir>/<driver>/dra.sock`; with a pod UID (seamless upgrade) the
 //! names become `<driver>-<podUID>-reg.sock` and `dra-<podUID>.sock`. The
 //! plugin data directory `<plugins-dir>/<driver>/` holds the checkpoint and
-//! the cross-process lock. Stale sockets are removed before binding, and both
-//! sockets are removed on shutdown (the registration socket going away is how
-//! kubelet learns the plugin is gone). Every accepted connection goes
-//! through a relay (see `connection`) that closes it when the client goes
-//! away, misbehaves or stalls; registration connections also get their
-//! `:authority` rewritten (see `authority`). Shutdown is bounded: open
+//! the cross-process lock. Stale sockets are removed before binding, both on
+//! shutdown (a registration socket gone is how kubelet learns the plugin is).
+//! Every connection goes through a relay (`connection`) that closes it when
+//! the client goes away, misbehaves or stalls; registration connections get
+//! their `:authority` rewritten (`authority`). Shutdown is bounded: open
 //! connections get `connections.shutdown_grace`, then are cut.
 
 use std::path::{Path, PathBuf};
