@@ -128,16 +128,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 fn prepare(common: &Common) -> Result<(PathBuf, e2e::KubernetesVersion, PathBuf)> {
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&common.kubernetes)?;
-    let t = Instant::now();
-    local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
-        kubernetes_version: version.clone(),
-        install_host_packages: true,
-        progress: Box::new(move |line| {
-            eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
-        }),
-    })
-    .context("building the local cluster's components")?;
-    crate::helm::ensure(&root)?;
+    crate::e2e::build_cluster_and_helm(&root, &version)?;
     if !common.no_build {
         let status = crate::cargo_command::cargo()
             .current_dir(&root)

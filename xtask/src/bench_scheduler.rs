@@ -70,15 +70,7 @@ pub fn run(args: SchedulerArgs) -> Result<()> {
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
     let t = Instant::now();
-    local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
-        kubernetes_version: version.clone(),
-        install_host_packages: true,
-        progress: Box::new(move |line| {
-            eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
-        }),
-    })
-    .context("building the local cluster's components")?;
-    crate::helm::ensure(&root)?;
+    crate::e2e::build_cluster_and_helm(&root, &version)?;
     if !args.no_build {
         // The drivers as the image ships them; the GPU stand-in as e2e runs it.
         cargo_build(&root, crate::image_build::BUILD_ARGS)?;

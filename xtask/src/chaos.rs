@@ -11,7 +11,7 @@
 //! --bins` first), or those in `AWS_DRA_BIN_DIR`.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 
@@ -57,16 +57,7 @@ pub struct ChaosArgs {
 pub fn run(args: ChaosArgs) -> Result<()> {
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
-    let t = Instant::now();
-    local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
-        kubernetes_version: version.clone(),
-        install_host_packages: true,
-        progress: Box::new(move |line| {
-            eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
-        }),
-    })
-    .context("building the local cluster's components")?;
-    crate::helm::ensure(&root)?;
+    crate::e2e::build_cluster_and_helm(&root, &version)?;
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

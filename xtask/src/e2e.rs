@@ -110,6 +110,22 @@ pub fn run(args: E2eArgs) -> Result<()> {
     }
 }
 
+/// The local cluster's components for `version` and helm, built or found
+/// in the cache, with the build's progress on stderr (what the long runs
+/// need before they start a cluster).
+pub fn build_cluster_and_helm(root: &Path, version: &e2e::KubernetesVersion) -> Result<()> {
+    let t = Instant::now();
+    local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
+        kubernetes_version: version.clone(),
+        install_host_packages: true,
+        progress: Box::new(move |line| {
+            eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
+        }),
+    })
+    .context("building the local cluster's components")?;
+    crate::helm::ensure(root).map(drop)
+}
+
 /// What `e2e` and `demo` need before a local cluster can start; returns the
 /// directory of the driver binaries. Prints each step's time.
 pub fn build_prerequisites(
