@@ -60,21 +60,7 @@ pub fn rows(world: &World, filter: &Filter) -> Vec<DeviceRow> {
             numa_node: d
                 .attribute("resource.kubernetes.io/numaNode")
                 .map(|v| v.plain()),
-            claims: world
-                .holders
-                .get(&d.id)
-                .into_iter()
-                .flatten()
-                .cloned()
-                .chain(
-                    world
-                        .admin_holders
-                        .get(&d.id)
-                        .into_iter()
-                        .flatten()
-                        .map(|c| format!("{c} (admin)")),
-                )
-                .collect(),
+            claims: world.holders_of(&d.id),
             taints: d
                 .device
                 .taints

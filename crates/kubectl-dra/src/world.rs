@@ -159,6 +159,23 @@ pub fn claim_key(claim: &ResourceClaim) -> String {
 }
 
 impl<'a> World<'a> {
+    /// The claims holding device `id`, admin-access ones marked `(admin)`.
+    pub fn holders_of(&self, id: &DeviceId) -> Vec<String> {
+        self.holders
+            .get(id)
+            .into_iter()
+            .flatten()
+            .cloned()
+            .chain(
+                self.admin_holders
+                    .get(id)
+                    .into_iter()
+                    .flatten()
+                    .map(|c| format!("{c} (admin)")),
+            )
+            .collect()
+    }
+
     pub fn new(inventory: &'a Inventory) -> World<'a> {
         // Highest generation and slice count per pool.
         let mut pools: HashMap<(&str, &str), (i64, i64, usize)> = HashMap::new();

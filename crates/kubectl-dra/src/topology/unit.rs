@@ -105,21 +105,7 @@ pub(super) fn unit(
         detail: detail_of(d, kind),
         pci_bus_id: str_attr(d, PCI_BUS_ID),
         groups,
-        holders: world
-            .holders
-            .get(&d.id)
-            .into_iter()
-            .flatten()
-            .cloned()
-            .chain(
-                world
-                    .admin_holders
-                    .get(&d.id)
-                    .into_iter()
-                    .flatten()
-                    .map(|c| format!("{c} (admin)")),
-            )
-            .collect(),
+        holders: world.holders_of(&d.id),
         taints: taints_of(d),
         pool_problem: d.pool_problem.clone(),
     }
