@@ -76,9 +76,10 @@ impl std::fmt::Debug for HealthProbe {
     }
 }
 
-/// A shared "ready" flag, false until set.
+/// A shared "ready" flag, false until set, and what the process still
+/// waits for (`/readyz` says it while not ready; see `daemon::ready`).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Readiness(Arc<AtomicBool>);
+pub(crate) struct Readiness(Arc<AtomicBool>, Arc<std::sync::Mutex<String>>);
 
 impl Readiness {
     /// Marks the process ready (or not).
@@ -89,6 +90,21 @@ impl Readiness {
     /// Current value.
     pub(crate) fn is_ready(&self) -> bool {
         self.0.load(Ordering::Acquire)
+    }
+
+    /// Records what readiness waits for, in words (`the API server`).
+    pub(crate) fn set_waiting_for(&self, what: String) {
+        *self.1.lock().unwrap_or_else(|e| e.into_inner()) = what;
+    }
+
+    /// What readiness waits for; `still starting` before anyone said.
+    pub(crate) fn waiting_for(&self) -> String {
+        let what = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        if what.is_empty() {
+            "still starting".to_owned()
+        } else {
+            format!("waiting for {what}")
+        }
     }
 }
 
@@ -209,7 +225,7 @@ async fn handle(
         },
         "/readyz" if !state.readiness.is_ready() => text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: still starting\n".into(),
+            format!("not ready: {}\n", state.readiness.waiting_for()),
         ),
         "/readyz" => match state.health.check().await {
             Ok(()) => text(StatusCode::OK, "ok\n".into()),
