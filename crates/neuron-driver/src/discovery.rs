@@ -28,6 +28,16 @@ use crate::ultraserver::{self, UltraServer};
 /// The sysfs class of Neuron chips.
 pub const NEURON_CLASS: &str = "neuron_device";
 
+/// The largest chip index (`neuronN`) discovery accepts. Instances have at
+/// most 16 chips (an UltraServer numbers them per node); anything far past
+/// that is a kernel or fixture fault, refused for the chip. With
+/// [`MAX_CORES_PER_CHIP`] this bounds every node-wide core number
+/// (`index * core_count + core`) well inside `u32`, and every per-core loop.
+pub const MAX_CHIP_INDEX: u32 = 127;
+
+/// The most NeuronCores a chip may report in `core_count` (Trainium2 has 8).
+pub const MAX_CORES_PER_CHIP: u32 = 64;
+
 /// What a chip is, for LNC rules, memory and messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChipType {
@@ -168,6 +178,13 @@ pub enum ChipError {
     },
     #[error("chip {index}: core_count is 0")]
     NoCores { index: u32 },
+    #[error("{entry}: {what} {value} is above the largest accepted, {max}")]
+    OutOfRange {
+        entry: String,
+        what: &'static str,
+        value: u32,
+        max: u32,
+    },
 }
 
 /// Discovery failed as a whole (the class directory exists but cannot be listed).
@@ -175,13 +192,24 @@ pub enum ChipError {
 #[error("listing Neuron chips: {0}")]
 pub struct DiscoveryError(#[from] topology::Error);
 
-/// Parses `connected_devices`: `12, 3, 4, 1`, or empty.
+/// Parses `connected_devices`: `12, 3, 4, 1`, or empty. `None` for anything
+/// else, an index above [`MAX_CHIP_INDEX`] or more entries than there can be
+/// chips included.
 pub fn parse_connected(s: &str) -> Option<Vec<u32>> {
     let s = s.trim();
     if s.is_empty() {
         return Some(Vec::new());
     }
-    s.split(',').map(|p| p.trim().parse::<u32>().ok()).collect()
+    let list: Vec<u32> = s
+        .split(',')
+        .map(|p| {
+            p.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|i| *i <= MAX_CHIP_INDEX)
+        })
+        .collect::<Option<_>>()?;
+    (list.len() <= MAX_CHIP_INDEX as usize + 1).then_some(list)
 }
 
 /// Remembers each chip's PCI lookup for as long as the chip stays present,
@@ -313,6 +341,14 @@ fn read_chip(
         .ok_or_else(|| ChipError::BadName {
             entry: entry.to_owned(),
         })?;
+    if index > MAX_CHIP_INDEX {
+        return Err(ChipError::OutOfRange {
+            entry: entry.to_owned(),
+            what: "chip index",
+            value: index,
+            max: MAX_CHIP_INDEX,
+        });
+    }
     let sys = |source| ChipError::Sysfs { index, source };
     let core_path = dir.join("core_count");
     let core_count: u32 = parse_attr(&core_path)
@@ -323,6 +359,14 @@ fn read_chip(
         })?;
     if core_count == 0 {
         return Err(ChipError::NoCores { index });
+    }
+    if core_count > MAX_CORES_PER_CHIP {
+        return Err(ChipError::OutOfRange {
+            entry: entry.to_owned(),
+            what: "core_count",
+            value: core_count,
+            max: MAX_CORES_PER_CHIP,
+        });
     }
     let connected_path = dir.join("connected_devices");
     let connected = match read_attr(&connected_path) {
@@ -366,6 +410,14 @@ mod tests {
         assert_eq!(parse_connected("1,,2"), None);
         assert_eq!(parse_connected("a"), None);
         assert_eq!(parse_connected("-1"), None);
+        assert_eq!(parse_connected("127"), Some(vec![127]));
+        assert_eq!(parse_connected("128"), None);
+        assert_eq!(parse_connected("4294967295"), None);
+        assert_eq!(
+            parse_connected(&vec!["1"; 128].join(",")).map(|l| l.len()),
+            Some(128)
+        );
+        assert_eq!(parse_connected(&vec!["1"; 129].join(",")), None);
     }
 
     #[test]

@@ -124,7 +124,10 @@ pub fn range_list(indices: impl IntoIterator<Item = u32>) -> String {
     let mut iter = all.into_iter().peekable();
     while let Some(start) = iter.next() {
         let mut end = start;
-        while iter.peek() == Some(&(end + 1)) {
+        while end
+            .checked_add(1)
+            .is_some_and(|next| iter.peek() == Some(&next))
+        {
             end += 1;
             iter.next();
         }
