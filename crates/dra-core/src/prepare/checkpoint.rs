@@ -347,6 +347,7 @@ mod tests {
                 pool: "node".into(),
                 device: "dev-0".into(),
                 admin_access: false,
+                share_ids: vec![],
                 cdi_device_ids: vec!["k8s.x/y=uid-dev-0".into()],
             }],
             cdi_spec_path: spec,

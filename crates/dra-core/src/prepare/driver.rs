@@ -103,6 +103,12 @@ pub struct PreparedDevice {
     #[serde(default)]
     pub admin_access: bool,
     pub cdi_device_ids: Vec<String>,
+    /// The shares of the device the claim got (the allocation's `shareID`s,
+    /// sorted) when the device was published with `allowMultipleAllocations`;
+    /// empty when the claim holds it exclusively. Several claims may hold
+    /// shares of one device at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub share_ids: Vec<String>,
 }
 
 /// A driver failure, reported to the user as the claim's prepare error.

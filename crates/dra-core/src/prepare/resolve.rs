@@ -14,7 +14,12 @@
 //! (monitoring, diagnostics) shares the device by design, so an admin
 //! result never blocks nor is blocked: it is only a regular claim beside
 //! another regular claim on one device that is refused (e.g. after a
-//! force-deleted pod whose claim was never unprepared).
+//! force-deleted pod whose claim was never unprepared). A share of a device
+//! published with `allowMultipleAllocations` (a result with a `shareID`,
+//! which the scheduler sets on such devices only, after checking the
+//! shares' consumed capacity) sits beside other shares of the device, but
+//! never beside an exclusive holder, in either order: that happens only
+//! when sharing was switched on or off while claims held the device.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -93,6 +98,9 @@ pub(crate) enum ResolveError {
 pub(crate) struct ResolvedDevice<C> {
     pub(crate) allocated: AllocatedDevice<C>,
     pub(crate) request_names: Vec<String>,
+    /// The shares of the device the claim got (`shareID`s, sorted); empty
+    /// when it holds the device exclusively.
+    pub(crate) share_ids: Vec<String>,
 }
 
 /// The devices of `driver_name` allocated to `claim` (`object` is the claim
@@ -185,16 +193,22 @@ pub(crate) fn resolve_claim_with<C: DriverConfig>(
         source: Box::new(source),
     })?;
 
-    // The hardware other claims hold exclusively (admin holds do not
-    // count), by pool and piece.
-    let mut held: BTreeMap<(&str, String), (&str, &PreparedClaim)> = BTreeMap::new();
+    // The hardware other claims hold (admin holds do not count), by pool
+    // and piece: exclusively, and as shares.
+    type Holders<'a> = BTreeMap<(&'a str, String), (&'a str, &'a PreparedClaim)>;
+    let (mut held, mut shared): (Holders<'_>, Holders<'_>) = Default::default();
     for (holder_uid, holder) in prepared {
         if *holder_uid == claim.uid {
             continue;
         }
         for d in holder.devices.iter().filter(|d| !d.admin_access) {
+            let map = if d.share_ids.is_empty() {
+                &mut held
+            } else {
+                &mut shared
+            };
             for piece in occupies(&d.device) {
-                held.insert((&d.pool, piece), (holder_uid, holder));
+                map.insert((&d.pool, piece), (holder_uid, holder));
             }
         }
     }
@@ -203,10 +217,15 @@ pub(crate) fn resolve_claim_with<C: DriverConfig>(
     let mut seen = BTreeSet::new();
     for result in &results {
         let admin_access = result.admin_access.unwrap_or(false);
+        let is_share = result.share_id.is_some();
+        let holder_of = |piece: String| {
+            let key = (result.pool.as_str(), piece);
+            held.get(&key)
+                .or_else(|| (!is_share).then(|| shared.get(&key)).flatten())
+        };
         if !admin_access
-            && let Some((holder_uid, holder)) = occupies(&result.device)
-                .into_iter()
-                .find_map(|piece| held.get(&(result.pool.as_str(), piece)))
+            && let Some((holder_uid, holder)) =
+                occupies(&result.device).into_iter().find_map(holder_of)
         {
             return Err(ResolveError::DeviceHeld {
                 claim: who,
@@ -218,10 +237,15 @@ pub(crate) fn resolve_claim_with<C: DriverConfig>(
         if !seen.insert((result.pool.as_str(), result.device.as_str())) {
             continue;
         }
-        let request_names: BTreeSet<&str> = results
-            .iter()
-            .filter(|r| r.pool == result.pool && r.device == result.device)
-            .map(|r| base_request(&r.request))
+        let same_device = || {
+            results
+                .iter()
+                .filter(|r| r.pool == result.pool && r.device == result.device)
+        };
+        let request_names: BTreeSet<&str> =
+            same_device().map(|r| base_request(&r.request)).collect();
+        let share_ids: BTreeSet<&str> = same_device()
+            .filter_map(|r| r.share_id.as_deref())
             .collect();
         resolved.push(ResolvedDevice {
             allocated: AllocatedDevice {
@@ -232,6 +256,7 @@ pub(crate) fn resolve_claim_with<C: DriverConfig>(
                 config: config_for_request(&configs, &result.request),
             },
             request_names: request_names.into_iter().map(str::to_owned).collect(),
+            share_ids: share_ids.into_iter().map(str::to_owned).collect(),
         });
     }
     Ok(resolved)

@@ -396,9 +396,9 @@ impl<D: Driver> ClaimPipeline<D> {
             },
             other => Refusal::Final(other.to_string()),
         })?;
-        let (allocated, request_names): (Vec<_>, Vec<_>) = resolved
+        let (allocated, recorded): (Vec<_>, Vec<_>) = resolved
             .into_iter()
-            .map(|d| (d.allocated, d.request_names))
+            .map(|d| (d.allocated, (d.request_names, d.share_ids)))
             .unzip();
 
         let edits = self
@@ -426,13 +426,14 @@ impl<D: Driver> ClaimPipeline<D> {
 
         let devices = allocated
             .iter()
-            .zip(request_names)
-            .map(|(a, request_names)| PreparedDevice {
+            .zip(recorded)
+            .map(|(a, (request_names, share_ids))| PreparedDevice {
                 request_names,
                 pool: a.pool.clone(),
                 device: a.device.clone(),
                 admin_access: a.admin_access,
                 cdi_device_ids: vec![self.cdi.device_id(&claim.uid, &a.device)],
+                share_ids,
             })
             .collect();
         let prepared = PreparedClaim {

@@ -88,6 +88,7 @@ fn holder(name: &str, devices: &[(&str, bool)]) -> PreparedClaim {
                 device: device.to_string(),
                 admin_access: *admin,
                 cdi_device_ids: vec![],
+                share_ids: vec![],
             })
             .collect(),
         cdi_spec_path: "/cdi/x.json".into(),
@@ -382,4 +383,119 @@ fn devices_that_occupy_the_same_hardware_conflict() {
     }
     assert_eq!(resolve("dev-1", "dev-2"), Ok(1));
     assert_eq!(resolve("dev-1/p", "old-2"), Ok(1));
+}
+
+/// Shares of a device published with `allowMultipleAllocations` (results
+/// with a `shareID`): each claim records its shares, shares of several
+/// claims sit beside each other, but a share never sits beside an exclusive
+/// holder, in either order, and admin access still passes everything.
+#[test]
+fn shares_sit_beside_shares_only() {
+    // (request, device, shareID, admin)
+    type Share = (&'static str, &'static str, Option<&'static str>, bool);
+    let claim = |results: &[Share]| {
+        let mut c = object(UID, &[], &[]);
+        let devices = c.status.as_mut().unwrap().allocation.as_mut().unwrap();
+        let devices = devices.devices.as_mut().unwrap();
+        devices.results = Some(
+            results
+                .iter()
+                .map(
+                    |(request, device, share, admin)| DeviceRequestAllocationResult {
+                        request: request.to_string(),
+                        driver: DRIVER.into(),
+                        pool: "node".into(),
+                        device: device.to_string(),
+                        share_id: share.map(str::to_owned),
+                        admin_access: admin.then_some(true),
+                        ..Default::default()
+                    },
+                )
+                .collect(),
+        );
+        c
+    };
+    // The holder "other" holds dev-1 exclusively or as a share.
+    let held_by_other = |share: Option<&str>| {
+        let mut h = holder("other", &[("dev-1", false)]);
+        h.devices[0].share_ids = share.iter().map(|s| s.to_string()).collect();
+        BTreeMap::from([("uid-other".to_owned(), h)])
+    };
+    let resolve = |results: &[Share], prepared: &BTreeMap<String, PreparedClaim>| {
+        resolve_claim::<Lanes>(
+            DRIVER,
+            Some("node"),
+            &mine(),
+            Some(&claim(results)),
+            prepared,
+        )
+        .map(|d| {
+            d.iter()
+                .map(|d| format!("{}:{}", d.allocated.device, d.share_ids.join("+")))
+                .collect::<Vec<_>>()
+        })
+        .map_err(|e| e.to_string())
+    };
+    let nobody = BTreeMap::new();
+    let share_a = held_by_other(Some("share-a"));
+    let exclusive = held_by_other(None);
+    let refused = |got: Result<Vec<String>, String>| {
+        got.is_err_and(|e| e.contains("already prepared for claim ns/other"))
+    };
+
+    // A share alone, and two shares of one device in one claim: one device
+    // to prepare, both shares recorded.
+    assert_eq!(
+        resolve(&[("a", "dev-1", Some("s1"), false)], &nobody),
+        Ok(vec!["dev-1:s1".to_owned()])
+    );
+    assert_eq!(
+        resolve(
+            &[
+                ("b", "dev-1", Some("s2"), false),
+                ("a", "dev-1", Some("s1"), false)
+            ],
+            &nobody
+        ),
+        Ok(vec!["dev-1:s1+s2".to_owned()])
+    );
+    // Beside another claim's share: allowed.
+    assert_eq!(
+        resolve(&[("a", "dev-1", Some("s1"), false)], &share_a),
+        Ok(vec!["dev-1:s1".to_owned()])
+    );
+    // A share beside an exclusive holder, and an exclusive result beside
+    // a share: refused.
+    assert!(refused(resolve(
+        &[("a", "dev-1", Some("s1"), false)],
+        &exclusive
+    )));
+    assert!(refused(resolve(&[("a", "dev-1", None, false)], &share_a)));
+    // Exclusive beside exclusive stays refused; admin passes both.
+    assert!(refused(resolve(&[("a", "dev-1", None, false)], &exclusive)));
+    assert_eq!(
+        resolve(&[("a", "dev-1", None, true)], &share_a),
+        Ok(vec!["dev-1:".to_owned()])
+    );
+    // Another device is free whatever dev-1 is held as.
+    assert_eq!(
+        resolve(&[("a", "dev-2", None, false)], &share_a),
+        Ok(vec!["dev-2:".to_owned()])
+    );
+}
+
+/// A record without shares is written as before (no `shareIds` key), so a
+/// driver that does not know the field reads it; one with shares keeps them.
+#[test]
+fn share_ids_in_the_record() {
+    let mut device = holder("c", &[("dev-1", false)]).devices.remove(0);
+    let plain = serde_json::to_value(&device).unwrap();
+    assert!(plain.get("shareIds").is_none(), "{plain}");
+    device.share_ids = vec!["s1".into(), "s2".into()];
+    let shared = serde_json::to_value(&device).unwrap();
+    assert_eq!(shared["shareIds"], serde_json::json!(["s1", "s2"]));
+    let back: PreparedDevice = serde_json::from_value(shared).unwrap();
+    assert_eq!(back, device);
+    let old: PreparedDevice = serde_json::from_value(plain).unwrap();
+    assert!(old.share_ids.is_empty());
 }
