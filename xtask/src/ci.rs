@@ -1,7 +1,9 @@
 //! `cargo xtask ci`: the one command that says whether a change is good.
 //!
 //! Each step runs as its own process so its output streams as it comes; the
-//! summary at the end names every step with its result and duration.
+//! summary at the end names every step with its result and duration. Each
+//! step has a time limit ([`limit`]): one that runs out fails the step, and
+//! CI says which step and which limit.
 
 use std::path::Path;
 use std::process::Command;
@@ -13,7 +15,9 @@ use local_cluster::versions::{CI_RELEASES, MAIN_MINOR};
 mod entry;
 mod excerpt;
 mod lanes;
+mod limit;
 use excerpt::failure_excerpt;
+use lanes::Outcome;
 
 #[derive(clap::Args)]
 pub struct CiArgs {
@@ -40,6 +44,8 @@ struct Step {
     /// only need to end before the e2e legs do, so that they take the cores
     /// the legs and the image build leave idle rather than the legs' share.
     nice: bool,
+    /// Past this the step is stopped and fails ([`limit`]).
+    limit: Duration,
 }
 
 /// The niceness of [`Step::nice`] steps. Cargo's and rustc's processes
@@ -51,7 +57,11 @@ struct Step {
 /// nice-0 process there, however many pods it holds.
 const NICE: u32 = 10;
 
-fn step(name: &str, args: &[&str]) -> Step {
+/// A cargo step with at most `limit_s` seconds to run. Each limit is a few
+/// times the step's slowest measured run (docs/e2e.md: cold runs on this
+/// 2-core machine, and warm ones with another build beside them), so only a
+/// step that hangs or has outgrown its budget meets it.
+fn step(name: &str, limit_s: u64, args: &[&str]) -> Step {
     Step {
         name: name.to_string(),
         program: "cargo",
@@ -60,6 +70,7 @@ fn step(name: &str, args: &[&str]) -> Step {
         lane: None,
         background: false,
         nice: false,
+        limit: Duration::from_secs(limit_s),
     }
 }
 
@@ -90,12 +101,14 @@ fn checks() -> Vec<Step> {
     let steps = vec![
         // Licences, bans and sources of the dependency graph (policy:
         // supply-chain.yaml).
-        step("supply-chain", &["xtask", "supply-chain"]),
+        step("supply-chain", 900, &["xtask", "supply-chain"]),
         // Every page under docs/ reachable from docs/README.md, no broken
         // relative link (a second or two).
-        step("docs-links", &["xtask", "docs-links"]),
+        step("docs-links", 300, &["xtask", "docs-links"]),
+        // Cold: 337 s.
         step(
             "clippy",
+            1800,
             &[
                 "clippy",
                 "--workspace",
@@ -111,23 +124,28 @@ fn checks() -> Vec<Step> {
         // unreachable `pub`, no code only the test helpers use.
         step(
             "clippy-sdk",
+            900,
             &[
                 "clippy", "-p", "dra-core", "--lib", "--locked", "--", "-D", "warnings",
             ],
         ),
         Step {
             env: &[("RUSTDOCFLAGS", "-D warnings")],
-            ..step("doc", &["doc", "--workspace", "--no-deps", "--locked"])
+            ..step("doc", 900, &["doc", "--workspace", "--no-deps", "--locked"])
         },
+        // Cold: 253 s; 245 s warm when dra-core changed.
         step(
             "test",
+            1800,
             &["test", "--workspace", "--exclude", "e2e", "--locked"],
-        ), // The e2e crate's own unit tests and the structure checks (import
+        ),
+        // The e2e crate's own unit tests and the structure checks (import
         // cycles and file length in the test crates and xtask, import circles
         // between top-level modules in every crate, dra-core's public
         // surface): no cluster needed.
         step(
             "e2e-unit",
+            900,
             &[
                 "test",
                 "-p",
@@ -149,7 +167,8 @@ fn checks() -> Vec<Step> {
         // use) on the default renderings of the charts: only the failures
         // docs/install.md explains, at most 4 per chart.
         // Warm: ~40 s on this 2-core machine (one checkov run, 4 renderings).
-        step("chart-scan", &["xtask", "charts", "scan"]),
+        // Cold it also installs checkov into a virtual environment.
+        step("chart-scan", 900, &["xtask", "charts", "scan"]),
     ];
     steps
         .into_iter()
@@ -174,8 +193,10 @@ fn fuzz_smoke() -> Step {
     Step {
         background: true,
         nice: true,
+        // Cold: 1,432 s in the background (a build of its own).
         ..step(
             "fuzz-smoke",
+            3600,
             &[
                 "xtask",
                 "fuzz",
@@ -191,18 +212,20 @@ fn fuzz_smoke() -> Step {
 }
 
 fn steps() -> Vec<Step> {
-    let mut steps = vec![step("fmt", &["fmt", "--all", "--check"]), fuzz_smoke()];
+    let mut steps = vec![step("fmt", 300, &["fmt", "--all", "--check"]), fuzz_smoke()];
     // Kubernetes (every CI release), etcd and containerd from their Go
     // modules (cached under ~/.cache/aws-dra; seconds when warm, ~10 minutes
-    // a release cold on 2 cores).
+    // a release cold on 2 cores, up to ~1,700 s each with other work beside
+    // it; the limit leaves room for every CI release built cold).
     let mut k8s = vec!["xtask", "k8s", "build"];
     let minors: Vec<String> = CI_RELEASES.iter().map(|m| format!("1.{m}")).collect();
     for m in &minors {
         k8s.extend(["--kubernetes", m.as_str()]);
     }
-    steps.push(step("k8s-build", &k8s));
+    steps.push(step("k8s-build", 7200, &k8s));
     // The container image's compile step (same command as the Dockerfile).
-    steps.push(step("image-build", crate::image_build::BUILD_ARGS));
+    // Cold: 521 s.
+    steps.push(step("image-build", 1800, crate::image_build::BUILD_ARGS));
     // The end-to-end suite on local clusters of real components, with the
     // drivers just built for the image (so it tests what ships). First,
     // one release at a time, everything the legs build (helm, the GPU test
@@ -236,22 +259,24 @@ fn steps() -> Vec<Step> {
         let testbed = if minor == MAIN_MINOR { "all" } else { "host" };
         let mut args = e2e_args(&version, testbed);
         args.push("--prepare-only".into());
+        // Cold: 193 s; 640 s behind another session's build.
         steps.push(Step {
             args,
-            ..step(&format!("e2e-prepare-{version}"), &[])
+            ..step(&format!("e2e-prepare-{version}"), 1800, &[])
         });
     }
     for (minor, testbed) in e2e_matrix() {
         let version = format!("1.{minor}");
         let name = format!("e2e-{version}-{testbed}");
+        // Cold: 508 s (the charts leg); warm up to 575 s.
         steps.push(Step {
             args: e2e_args(&version, testbed),
             lane: Some(name.clone()),
-            ..step(&name, &[])
+            ..step(&name, 1800, &[])
         });
     }
     steps.extend(checks());
-    steps.push(step("charts", &["xtask", "charts", "check"]));
+    steps.push(step("charts", 600, &["xtask", "charts", "check"]));
     steps
 }
 
@@ -270,7 +295,7 @@ fn tmpfs_scratch() -> Option<std::path::PathBuf> {
 
 pub fn run(args: CiArgs) -> Result<()> {
     let started = Instant::now();
-    let mut results: Vec<(String, bool, Duration)> = Vec::new();
+    let mut results: Vec<Outcome> = Vec::new();
     let scratch = tmpfs_scratch();
     let work = crate::paths::repo_root().join(".e2e");
     // The summary reads the e2e figures: none may be left from an earlier run.
@@ -306,14 +331,13 @@ pub fn run(args: CiArgs) -> Result<()> {
         let t = Instant::now();
         let outcomes = if batch.len() == 1 {
             let step = batch.remove(0);
-            let ok = run_step(&step, scratch.as_deref())?;
-            vec![(step.name, ok, t.elapsed())]
+            vec![run_step(&step, scratch.as_deref())?]
         } else {
             let (lanes, outcomes) = lanes::run(batch, scratch.as_deref(), &work, args.keep_going)?;
             side_by_side_wall.push((lanes, t.elapsed()));
             outcomes
         };
-        let ok = outcomes.iter().all(|o| o.1);
+        let ok = outcomes.iter().all(|o| o.ok);
         results.extend(outcomes);
         // A background step that has already failed stops the run as a
         // failed step would (its outcome is collected below).
@@ -325,24 +349,15 @@ pub fn run(args: CiArgs) -> Result<()> {
     let mut background_ends = Vec::new();
     for b in background {
         let (outcome, ended) = b.join()?;
-        background_ends.push((outcome.0.clone(), ended));
+        background_ends.push((outcome.name.clone(), ended));
         results.push(outcome);
     }
     let failed: Vec<&str> = results
         .iter()
-        .filter(|r| !r.1)
-        .map(|r| r.0.as_str())
+        .filter(|r| !r.ok)
+        .map(|r| r.name.as_str())
         .collect();
-    let summary: Vec<String> = results
-        .iter()
-        .map(|(n, ok, d)| {
-            format!(
-                "{n} {} ({:.0}s)",
-                if *ok { "ok" } else { "FAILED" },
-                d.as_secs_f64()
-            )
-        })
-        .collect();
+    let summary: Vec<String> = results.iter().map(Outcome::summary).collect();
     eprintln!(
         "ci: {} in {:.0}s: {}",
         if failed.is_empty() {
@@ -379,10 +394,30 @@ pub fn run(args: CiArgs) -> Result<()> {
             }
         }
     }
+    let ran_out: Vec<String> = results
+        .iter()
+        .filter_map(|r| Some(limit::ran_out_message(&r.name, r.ran_out?)))
+        .collect();
+    for line in &ran_out {
+        eprintln!("ci: {line}");
+    }
     if !failed.is_empty() {
-        bail!("ci failed: {}", failed.join(", "));
+        bail!("ci failed: {}", failure_reasons(&results));
     }
     Ok(())
+}
+
+/// The failed steps, each that ran out with its limit.
+fn failure_reasons(results: &[Outcome]) -> String {
+    results
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| match r.ran_out {
+            Some(l) => format!("{} (ran out of its {}s limit)", r.name, l.as_secs()),
+            None => r.name.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn command_of(step: &Step, scratch: Option<&Path>) -> Command {
@@ -421,20 +456,50 @@ fn niced(command: &Command) -> Command {
 
 fn announce(step: &Step) {
     eprintln!(
-        "==> ci: {} ({} {})",
+        "==> ci: {} ({} {}; limit {}s)",
         step.name,
         step.program,
-        step.args.join(" ")
+        step.args.join(" "),
+        step.limit.as_secs()
     );
 }
 
-/// One step, its output streaming through.
-fn run_step(step: &Step, scratch: Option<&Path>) -> Result<bool> {
+/// One step, its output streaming through, within its limit.
+fn run_step(step: &Step, scratch: Option<&Path>) -> Result<Outcome> {
+    let started = Instant::now();
     announce(step);
-    let status = command_of(step, scratch)
-        .status()
+    let mut child = command_of(step, scratch)
+        .spawn()
         .with_context(|| format!("starting step {}", step.name))?;
-    Ok(status.success())
+    let (ok, ran_out) = wait_within_limit(step, &mut child)?;
+    Ok(Outcome {
+        name: step.name.clone(),
+        ok,
+        took: started.elapsed(),
+        ran_out,
+    })
+}
+
+/// Waits for `child`, the process of `step`, for at most the step's limit:
+/// whether it succeeded, and the limit when it ran out (then it failed, and
+/// it and everything it started were stopped).
+fn wait_within_limit(
+    step: &Step,
+    child: &mut std::process::Child,
+) -> Result<(bool, Option<Duration>)> {
+    let ended = limit::watch(
+        &mut limit::StepProcess(child),
+        step.limit,
+        &mut limit::WallClock::start(),
+    )
+    .with_context(|| format!("waiting for step {}", step.name))?;
+    Ok(match ended {
+        limit::Ended::Exited(ok) => (ok, None),
+        limit::Ended::RanOut => {
+            eprintln!("==> ci: {}", limit::ran_out_message(&step.name, step.limit));
+            (false, Some(step.limit))
+        }
+    })
 }
 
 /// One line per release and testbed that ran: outcome counts and every skip
@@ -474,100 +539,4 @@ fn e2e_summary(work: &std::path::Path) -> Vec<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn e2e_legs_cover_both_releases_after_their_preparation() {
-        let steps = steps();
-        let names: Vec<&str> = steps.iter().map(|s| s.name.as_str()).collect();
-        let legs: Vec<&Step> = steps
-            .iter()
-            .filter(|s| s.lane.is_some() && s.lane.as_deref() != Some(CHECKS_LANE))
-            .collect();
-        let main = format!("1.{MAIN_MINOR}");
-        let oldest = format!("1.{}", CI_RELEASES[1]);
-        let leg_names: Vec<&str> = legs.iter().map(|s| s.name.as_str()).collect();
-        assert_eq!(
-            leg_names,
-            [
-                format!("e2e-{main}-host"),
-                format!("e2e-{main}-charts"),
-                format!("e2e-{oldest}-host")
-            ]
-        );
-        // The legs are neighbours (one batch), after every preparation and
-        // the image build, before the chart checks.
-        let first_leg = names.iter().position(|n| *n == leg_names[0]).unwrap();
-        let positions: Vec<usize> = leg_names
-            .iter()
-            .map(|l| names.iter().position(|n| n == l).unwrap())
-            .collect();
-        assert_eq!(positions, [first_leg, first_leg + 1, first_leg + 2]);
-        for before in [
-            "image-build".to_string(),
-            format!("e2e-prepare-{main}"),
-            format!("e2e-prepare-{oldest}"),
-        ] {
-            let at = names.iter().position(|n| *n == before).unwrap();
-            assert!(at < first_leg, "{before} must run before the legs");
-        }
-        // Each leg its own lane; the checks one lane after the legs, in the
-        // same batch; the chart checks after the batch.
-        for leg in &legs {
-            assert_eq!(leg.lane.as_deref(), Some(leg.name.as_str()));
-        }
-        let checks: Vec<&str> = steps
-            .iter()
-            .filter(|s| s.lane.as_deref() == Some(CHECKS_LANE))
-            .map(|s| s.name.as_str())
-            .collect();
-        assert_eq!(
-            checks,
-            [
-                "supply-chain",
-                "docs-links",
-                "clippy",
-                "clippy-sdk",
-                "doc",
-                "test",
-                "e2e-unit",
-                "chart-scan"
-            ]
-        );
-        let batch_end = first_leg + 3 + checks.len();
-        assert!(steps[first_leg..batch_end].iter().all(|s| s.lane.is_some()));
-        assert_eq!(names[batch_end], "charts");
-        assert!(steps[..first_leg].iter().all(|s| s.lane.is_none()));
-        assert_eq!(names[0], "fmt");
-        // The checks give way to the legs; the legs and the steps on the
-        // way to them run at normal priority.
-        for s in &steps {
-            assert_eq!(
-                s.nice,
-                s.lane.as_deref() == Some(CHECKS_LANE) || s.name == "fuzz-smoke",
-                "{}",
-                s.name
-            );
-        }
-        // The fuzz smoke run is the one background step: right after fmt,
-        // so it runs beside the Kubernetes and image builds.
-        let background: Vec<&str> = steps
-            .iter()
-            .filter(|s| s.background)
-            .map(|s| s.name.as_str())
-            .collect();
-        assert_eq!(background, ["fuzz-smoke"]);
-        assert_eq!(names[1], "fuzz-smoke");
-        assert!(steps[1].lane.is_none());
-        let prepare = steps
-            .iter()
-            .find(|s| s.name == format!("e2e-prepare-{main}"))
-            .unwrap();
-        assert!(prepare.args.iter().any(|a| a == "--prepare-only"));
-        assert!(prepare.args.windows(2).any(|w| w == ["--testbed", "all"]));
-        for leg in legs {
-            assert!(!leg.args.iter().any(|a| a == "--prepare-only"));
-        }
-    }
-}
+mod tests;

@@ -10,7 +10,8 @@
 //! - [`instance`]: the EC2 instance type from DMI;
 //! - [`devicegroup`]: AWS's `devicegroup{1,4,8,16}_id` and chip ↔ EFA pairing;
 //! - [`ids`]: vendor/device ids and a classifier;
-//! - [`sysfs`]: attribute and link helpers the drivers reuse.
+//! - [`sysfs`]: attribute and link helpers the drivers reuse;
+//! - [`held`]: attributes held open between scans, with one stale-handle policy.
 //!
 //! Errors never abort a scan: a broken function is reported next to the
 //! functions that could be read.
@@ -18,6 +19,7 @@
 mod address;
 pub mod devicegroup;
 pub mod error;
+pub mod held;
 pub mod ids;
 pub mod instance;
 pub mod pci;

@@ -18,10 +18,30 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::{Step, announce, command_of};
+use super::{Step, announce, command_of, wait_within_limit};
 
-/// One step's outcome: name, success, its own duration.
-pub(super) type Outcome = (String, bool, Duration);
+/// One step's outcome.
+#[derive(Debug)]
+pub(super) struct Outcome {
+    pub(super) name: String,
+    pub(super) ok: bool,
+    /// The step's own duration.
+    pub(super) took: Duration,
+    /// The limit it ran out of, when it did (then `ok` is false).
+    pub(super) ran_out: Option<Duration>,
+}
+
+impl Outcome {
+    /// The step in CI's summary line.
+    pub(super) fn summary(&self) -> String {
+        let result = match (self.ok, self.ran_out) {
+            (true, _) => "ok".to_string(),
+            (false, None) => "FAILED".to_string(),
+            (false, Some(l)) => format!("RAN OUT of its {}s limit", l.as_secs()),
+        };
+        format!("{} {result} ({:.0}s)", self.name, self.took.as_secs_f64())
+    }
+}
 
 /// Runs `batch` in lanes (grouped by [`Step::lane`], in the order the lanes
 /// first appear). A lane stops at its first failed step unless `keep_going`.
@@ -52,7 +72,7 @@ pub(super) fn run(
                 let mut outcomes = Vec::new();
                 for step in steps {
                     let outcome = run_logged(&step, scratch.as_deref(), &work)?;
-                    let failed = !outcome.1;
+                    let failed = !outcome.ok;
                     outcomes.push(outcome);
                     if failed && !keep_going {
                         break;
@@ -107,7 +127,7 @@ pub(super) fn spawn_background(
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
         let result = run_logged(&step, scratch.as_deref(), &work);
         if let Ok(mut d) = flag.lock() {
-            *d = Some(result.as_ref().is_ok_and(|o| o.1));
+            *d = Some(result.as_ref().is_ok_and(|o| o.ok));
         }
         Ok((result?, run_started.elapsed()))
     });
@@ -146,12 +166,13 @@ fn run_logged(step: &Step, scratch: Option<&Path>, work: &Path) -> Result<Outcom
             std::thread::spawn(move || prefix_lines(&name, stream, &log))
         })
         .collect();
-    let status = child.wait();
+    let waited = wait_within_limit(step, &mut child);
+    // A stopped step's pipes close with its processes.
     for c in copiers {
         let _ = c.join();
     }
     let took = started.elapsed();
-    let ok = status.as_ref().is_ok_and(|s| s.success());
+    let (ok, ran_out) = waited?;
     eprintln!(
         "==> ci: {} {} after {:.0}s (whole output: {})",
         step.name,
@@ -159,8 +180,12 @@ fn run_logged(step: &Step, scratch: Option<&Path>, work: &Path) -> Result<Outcom
         took.as_secs_f64(),
         log_path.display()
     );
-    status.with_context(|| format!("waiting for step {}", step.name))?;
-    Ok((step.name.clone(), ok, took))
+    Ok(Outcome {
+        name: step.name.clone(),
+        ok,
+        took,
+        ran_out,
+    })
 }
 
 /// Copies `stream` line by line to stderr, prefixed with `[name]`, and to `log`.
@@ -195,13 +220,28 @@ mod tests {
             lane: Some(lane.into()),
             background: false,
             nice: false,
+            limit: Duration::from_secs(600),
         }
+    }
+
+    /// A shell loop that waits for `file` to exist, checking at most 400
+    /// times (a count, not a clock), and prints what it found.
+    fn wait_for(file: &Path) -> String {
+        format!(
+            "for i in $(seq 400); do [ -e '{f}' ] && break; sleep 0.05; done; \
+             if [ -e '{f}' ]; then echo released; else echo never released; fi",
+            f = file.display()
+        )
+    }
+
+    fn names_and_results(outcomes: &[Outcome]) -> Vec<(&str, bool)> {
+        outcomes.iter().map(|o| (o.name.as_str(), o.ok)).collect()
     }
 
     /// The niceness of a process started the way `step` is.
     fn niceness_of(step: Step, work: &Path) -> i64 {
         let (_, outcomes) = run(vec![step.clone_named("probe")], None, work, false).unwrap();
-        assert!(outcomes[0].1, "{outcomes:?}");
+        assert!(outcomes[0].ok, "{outcomes:?}");
         let log = std::fs::read_to_string(work.join("ci-probe.log")).unwrap();
         log.trim().parse().unwrap()
     }
@@ -216,6 +256,7 @@ mod tests {
                 lane: self.lane.clone(),
                 background: self.background,
                 nice: self.nice,
+                limit: self.limit,
             }
         }
     }
@@ -246,28 +287,33 @@ mod tests {
     #[test]
     fn a_background_step_runs_beside_the_caller_and_reports_when_it_ended() {
         let work = tempfile::tempdir().unwrap();
+        let go = work.path().join("go");
         let started = Instant::now();
         let b = spawn_background(
-            sh("bg", "bg", "sleep 0.5; echo done; exit 4"),
+            sh("bg", "bg", &format!("{}; exit 4", wait_for(&go))),
             None,
             work.path().to_path_buf(),
             started,
         );
-        // Started, not waited for.
-        assert!(started.elapsed() < Duration::from_millis(400));
+        // Started, not waited for: the step cannot end before the caller
+        // releases it, and the caller got here.
         assert!(!b.failed(), "not ended yet");
-        // Seen as failed once it has ended, without joining (polled: CI runs
-        // this test at a low priority on a busy machine).
-        while !b.failed() {
-            assert!(started.elapsed() < Duration::from_secs(20), "never ended");
-            std::thread::sleep(Duration::from_millis(50));
+        std::fs::write(&go, "").unwrap();
+        // Seen as failed once it has ended, without joining.
+        let mut checks = 0;
+        while !b.failed() && checks < 2000 {
+            checks += 1;
+            std::thread::sleep(Duration::from_millis(10));
         }
-        let ((name, ok, took), ended) = b.join().unwrap();
-        assert_eq!((name.as_str(), ok), ("bg", false));
-        assert!(took >= Duration::from_millis(500), "{took:?}");
-        assert!(ended >= took && ended <= started.elapsed(), "{ended:?}");
+        assert!(b.failed(), "never ended");
+        let (outcome, ended) = b.join().unwrap();
+        assert_eq!((outcome.name.as_str(), outcome.ok), ("bg", false));
+        assert_eq!(outcome.ran_out, None);
+        // When it ended is counted from the run's start, its duration from
+        // its own.
+        assert!(ended >= outcome.took, "{ended:?} {outcome:?}");
         let log = std::fs::read_to_string(work.path().join("ci-bg.log")).unwrap();
-        assert_eq!(log, "done\n");
+        assert_eq!(log, "released\n");
     }
 
     #[test]
@@ -276,16 +322,14 @@ mod tests {
         let (_, outcomes) = run(
             vec![
                 sh("a", "a", "echo one; echo two >&2; echo three"),
-                sh("b", "b", "sleep 0.2; echo late; exit 3"),
+                sh("b", "b", "echo late; exit 3"),
             ],
             None,
             work.path(),
             false,
         )
         .unwrap();
-        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
-        assert_eq!(ok, [("a", true), ("b", false)]);
-        assert!(outcomes[1].2 >= Duration::from_millis(200));
+        assert_eq!(names_and_results(&outcomes), [("a", true), ("b", false)]);
         let a = std::fs::read_to_string(work.path().join("ci-a.log")).unwrap();
         let mut lines: Vec<&str> = a.lines().collect();
         lines.sort();
@@ -297,31 +341,63 @@ mod tests {
     #[test]
     fn lanes_run_at_the_same_time_and_their_steps_one_after_another() {
         let work = tempfile::tempdir().unwrap();
-        let started = Instant::now();
+        let dir = work.path();
+        let (first, second) = (dir.join("first-done"), dir.join("second-started"));
+        // The leg waits for the checks lane's second step: it is released
+        // only if the lanes run side by side. The second step finds the
+        // first one's mark: the steps of a lane run in order.
         let (_, outcomes) = run(
             vec![
-                sh("slow", "legs", "sleep 1"),
-                sh("first", "checks", "sleep 0.4"),
-                sh("second", "checks", "sleep 0.4"),
+                sh("leg", "legs", &wait_for(&second)),
+                sh("first", "checks", &format!("touch '{}'", first.display())),
+                sh(
+                    "second",
+                    "checks",
+                    &format!(
+                        "test -e '{}' && touch '{}'",
+                        first.display(),
+                        second.display()
+                    ),
+                ),
+            ],
+            None,
+            dir,
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            names_and_results(&outcomes),
+            [("leg", true), ("first", true), ("second", true)]
+        );
+        let leg = std::fs::read_to_string(dir.join("ci-leg.log")).unwrap();
+        assert_eq!(leg, "released\n", "the lanes ran one after the other");
+    }
+
+    #[test]
+    fn a_step_past_its_limit_fails_says_so_and_stops_its_lane() {
+        let work = tempfile::tempdir().unwrap();
+        let (_, outcomes) = run(
+            vec![
+                Step {
+                    limit: Duration::from_secs(1),
+                    ..sh("hangs", "checks", "sleep 300")
+                },
+                sh("after", "checks", "true"),
             ],
             None,
             work.path(),
             false,
         )
         .unwrap();
-        // Two lanes side by side: about 1 s in all, not 1.8 s.
+        assert_eq!(names_and_results(&outcomes), [("hangs", false)]);
+        assert_eq!(outcomes[0].ran_out, Some(Duration::from_secs(1)));
         assert!(
-            started.elapsed() < Duration::from_millis(1600),
-            "{outcomes:?}"
+            outcomes[0]
+                .summary()
+                .starts_with("hangs RAN OUT of its 1s limit"),
+            "{}",
+            outcomes[0].summary()
         );
-        let names: Vec<&str> = outcomes.iter().map(|o| o.0.as_str()).collect();
-        assert_eq!(names, ["slow", "first", "second"]);
-        // Durations are each step's own: not the lane's, not the batch's.
-        assert!(outcomes[0].2 >= Duration::from_secs(1));
-        for o in &outcomes[1..] {
-            assert!(o.2 >= Duration::from_millis(400), "{o:?}");
-            assert!(o.2 < Duration::from_millis(900), "{o:?}");
-        }
     }
 
     #[test]
@@ -336,10 +412,14 @@ mod tests {
         };
         let (lanes, outcomes) = run(batch(), None, work.path(), false).unwrap();
         assert_eq!(lanes, 2, "the leg's lane and the checks' lane");
-        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
-        assert_eq!(ok, [("leg", true), ("broken", false)]);
+        assert_eq!(
+            names_and_results(&outcomes),
+            [("leg", true), ("broken", false)]
+        );
         let (_, outcomes) = run(batch(), None, work.path(), true).unwrap();
-        let ok: Vec<(&str, bool)> = outcomes.iter().map(|o| (o.0.as_str(), o.1)).collect();
-        assert_eq!(ok, [("leg", true), ("broken", false), ("after", true)]);
+        assert_eq!(
+            names_and_results(&outcomes),
+            [("leg", true), ("broken", false), ("after", true)]
+        );
     }
 }
