@@ -404,10 +404,12 @@ mod tests {
         let kept = ApiSupport {
             partitionable_devices: Some(true),
             reason: "kept".into(),
+            ..ApiSupport::unknown()
         };
         let dropped = ApiSupport {
             partitionable_devices: Some(false),
             reason: "dropped".into(),
+            ..ApiSupport::unknown()
         };
         let label = |v: &str| BTreeMap::from([(partitions::PARTITIONS_LABEL.into(), v.into())]);
         let cases = [

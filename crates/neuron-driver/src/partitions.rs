@@ -411,10 +411,12 @@ mod tests {
         let yes = ApiSupport {
             partitionable_devices: Some(true),
             reason: "kept".into(),
+            ..ApiSupport::unknown()
         };
         let no = ApiSupport {
             partitionable_devices: Some(false),
             reason: "dropped".into(),
+            ..ApiSupport::unknown()
         };
         let unknown = ApiSupport::unknown();
         let cases = [

@@ -20,6 +20,7 @@
 //! too), so `discover`'s stdout is only the List document.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use prometheus::Registry;
 use tokio::sync::mpsc;
@@ -33,7 +34,7 @@ use crate::daemon::rescan::{
     PoolId, RescanError, RescanMetrics, Rescanner, Trigger, forward_kernel_uevents,
     scan_with_taints,
 };
-use crate::daemon::runtime::{RuntimeError, connect, run, spawn_signal_handler};
+use crate::daemon::runtime::{OnNode, RuntimeError, run, spawn_signal_handler};
 use crate::publish::desired_slices_with_counters;
 use crate::scan::inventory::ApiSupport;
 use crate::scan::inventory::DeviceInventory;
@@ -175,27 +176,30 @@ async fn serve<I: DeviceInventory>(
     program: &Program,
     cmd: RunCommand<I::Flags>,
 ) -> Result<(), RunnerError<I::Error>> {
+    // SIGTERM/SIGINT stop the process from here on by cancelling
+    // `shutdown`: the sockets are bound before the API server is reached,
+    // however long that takes, and are removed on the way out.
+    let shutdown = CancellationToken::new();
+    spawn_signal_handler(shutdown.clone())?;
+    serve_until::<I>(program, cmd, shutdown).await
+}
+
+/// `run` until `shutdown`: the first scan from sysfs alone, the rescan
+/// loop, and the runtime, which binds kubelet's sockets before it reads
+/// the Node; the Node's labels and the API probe reach the scan once the
+/// API server answers, followed by a rescan, before anything is prepared
+/// or published.
+pub(crate) async fn serve_until<I: DeviceInventory>(
+    program: &Program,
+    cmd: RunCommand<I::Flags>,
+    shutdown: CancellationToken,
+) -> Result<(), RunnerError<I::Error>> {
     let registry = Registry::new();
     let metrics = RescanMetrics::register(&registry, &program.metrics_prefix())?;
-    let mut inventory =
+    let inventory =
         I::open(&cmd.common.host_paths(), &cmd.extra, &registry).map_err(RunnerError::Open)?;
     let mut options = cmd.runtime_options(program.device_plugin_resources, registry);
     options.managed_node_labels = I::NODE_LABELS;
-    // The Node first: the refusal to run beside the device plugin comes
-    // before anything is scanned, and the scan may use the Node's labels.
-    let cluster = connect(&options).await?;
-    inventory.set_node_labels(&cluster.node_labels());
-    let support = if I::wants_api_probe(&cmd.extra) {
-        crate::publish::api_probe::probe_partitionable_devices(
-            &cluster.client,
-            &cmd.common.driver_name,
-            &cmd.common.node_name,
-        )
-        .await
-    } else {
-        ApiSupport::unknown()
-    };
-    inventory.set_api_support(&support);
     let rescan = cmd.rescan_config();
     let (rescanner, feeds) = Rescanner::new(
         inventory,
@@ -218,14 +222,60 @@ async fn serve<I: DeviceInventory>(
         "discovered devices"
     );
     let driver = rescanner.driver();
+    let rescanner = Arc::new(rescanner);
     let (trigger_tx, trigger_rx) = mpsc::channel(1);
     forward_kernel_uevents(I::UEVENT_SUBSYSTEMS, trigger_tx);
-    tokio::spawn(rescanner.run(trigger_rx, rescan));
-    // SIGTERM/SIGINT stop the process from here on by cancelling
-    // `shutdown`; before this point they end it at once (nothing is bound
-    // or published yet that would need a clean stop).
-    let shutdown = CancellationToken::new();
-    spawn_signal_handler(shutdown.clone())?;
-    run(driver, feeds, options, cluster, shutdown).await?;
+    tokio::spawn({
+        let rescanner = Arc::clone(&rescanner);
+        async move { rescanner.serve_triggers(trigger_rx, rescan).await }
+    });
+    let wants_probe = I::wants_api_probe(&cmd.extra);
+    let driver_name = cmd.common.driver_name.clone();
+    let node_name = cmd.common.node_name.clone();
+    let on_node: OnNode = Box::new(move |client, node| {
+        Box::pin(async move {
+            let labels = node.metadata.labels.clone().unwrap_or_default();
+            let support = if wants_probe {
+                crate::publish::api_probe::probe_partitionable_devices(
+                    &client,
+                    &driver_name,
+                    &node_name,
+                )
+                .await
+            } else {
+                ApiSupport::unknown()
+            };
+            rescanner.set_cluster_facts(&labels, &support);
+            if let Err(error) = rescanner.rescan(Trigger::Start).await {
+                tracing::warn!(%error, "rescan with the Node's labels failed; keeping the first scan's devices");
+            }
+        })
+    });
+    run(driver, feeds, options, on_node, shutdown).await?;
     Ok(())
+}
+
+/// Runs `args` (as given to the binary, the first one its name) in this
+/// process until `shutdown`, without logging setup or signal handlers: a
+/// whole driver for tests (`testing` feature). Errors come as text.
+#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub async fn run_in_process<I: DeviceInventory>(
+    program: &Program,
+    args: Vec<String>,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
+    let cli = DriverCli::<I::Flags>::try_parse_for(
+        program.binary,
+        program.version,
+        program.driver_name,
+        args,
+    )
+    .map_err(|e| e.to_string())?;
+    let DriverCommand::Run(cmd) = cli.command else {
+        return Err("only `run` runs in process".into());
+    };
+    serve_until::<I>(program, cmd, shutdown)
+        .await
+        .map_err(|e| e.to_string())
 }

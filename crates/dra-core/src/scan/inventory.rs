@@ -122,6 +122,11 @@ pub struct ApiSupport {
     pub partitionable_devices: Option<bool>,
     /// Why, in words, for the driver's log line.
     pub reason: String,
+    /// Consumable capacity (device `allowMultipleAllocations`, capacity
+    /// `requestPolicy`): `None` when not probed.
+    pub consumable_capacity: Option<bool>,
+    /// Why, in words, for consumable capacity.
+    pub consumable_capacity_reason: String,
 }
 
 impl ApiSupport {
@@ -130,6 +135,8 @@ impl ApiSupport {
         ApiSupport {
             partitionable_devices: None,
             reason: "no API server was asked".into(),
+            consumable_capacity: None,
+            consumable_capacity_reason: "no API server was asked".into(),
         }
     }
 }
