@@ -19,11 +19,10 @@
 
 use std::collections::BTreeMap;
 
-use dra_core::NoExtraArgs;
 use std::time::Instant;
 
 use dra_core::{
-    DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
+    ApiSupport, DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
 };
 use k8s_openapi::api::resource::v1::Device;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -33,6 +32,7 @@ use crate::attributes;
 use crate::discovery::{self, DiscoveryError, UnusableReason};
 use crate::health::{self, CounterSample, EfaCounters};
 use crate::prepare::EfaDriver;
+use crate::sharing::{self, EfaFlags, SharingFlag};
 
 /// Subsystems whose events can change the EFA set.
 pub const RELEVANT_SUBSYSTEMS: &[&str] = &["pci", "infiniband", "infiniband_verbs"];
@@ -100,6 +100,10 @@ pub struct EfaInventory {
     counters: BTreeMap<String, EfaCounters>,
     /// The last discovery, reused while nothing it depends on changed.
     cached: Option<CachedDiscovery>,
+    /// `--sharing` (or the Node's label), and whether EFAs are shared by
+    /// capacity, settled before the first scan.
+    sharing_flag: SharingFlag,
+    shared: bool,
 }
 
 /// A full discovery at least every this many scans (once a minute at the
@@ -173,7 +177,35 @@ impl EfaInventory {
             samples: BTreeMap::new(),
             counters: BTreeMap::new(),
             cached: None,
+            sharing_flag: SharingFlag::Exclusive,
+            shared: false,
         }
+    }
+
+    /// Shares every EFA by capacity from the next discovery on (what
+    /// `set_api_support` decides in `run`).
+    pub fn share_by_capacity(&mut self, shared: bool) {
+        self.shared = shared;
+        self.cached = None;
+    }
+
+    /// The devices of a discovery, shared by capacity when sharing is on
+    /// and the instance type's bandwidth per EFA is known.
+    fn devices_of(&self, found: &discovery::Discovery) -> Vec<Device> {
+        let mut devices = attributes::devices(found);
+        if !self.shared {
+            return devices;
+        }
+        let instance_type = found.instance_type.as_ref().map(|t| t.as_str());
+        match instance_type.and_then(sharing::adapter_gbps) {
+            Some(gbps) => devices.iter_mut().for_each(|d| sharing::share(d, gbps)),
+            None => tracing::warn!(
+                instance_type = instance_type.unwrap_or("unknown"),
+                "EFA sharing by capacity is on, but the EFA bandwidth of this instance type is \
+                 not known: EFAs are published exclusive"
+            ),
+        }
+        devices
     }
 
     /// Warns once per EFA and reason; forgets EFAs that recovered or left.
@@ -192,7 +224,7 @@ impl EfaInventory {
         self.cached = None;
         self.counters.clear();
         let found = discovery::discover(&self.root)?;
-        let devices = attributes::devices(&found);
+        let devices = self.devices_of(&found);
         if let Some(fingerprint) = fingerprint {
             self.cached = Some(CachedDiscovery {
                 fingerprint,
@@ -232,13 +264,41 @@ impl EfaInventory {
 }
 
 impl DeviceInventory for EfaInventory {
-    type Flags = NoExtraArgs;
+    type Flags = EfaFlags;
     type Error = InventoryError;
     type Driver = EfaDriver;
     const UEVENT_SUBSYSTEMS: &'static [&'static str] = RELEVANT_SUBSYSTEMS;
 
-    fn open(host: &HostPaths, _: &NoExtraArgs, metrics: &Registry) -> Result<Self, InventoryError> {
-        Ok(Self::new(host, Some(EfaMetrics::register(metrics)?)))
+    fn open(
+        host: &HostPaths,
+        flags: &EfaFlags,
+        metrics: &Registry,
+    ) -> Result<Self, InventoryError> {
+        let mut inventory = Self::new(host, Some(EfaMetrics::register(metrics)?));
+        inventory.sharing_flag = flags.sharing;
+        Ok(inventory)
+    }
+
+    /// Always: a Node label can turn sharing on whatever the flag says, and
+    /// sharing needs a server that keeps the consumable-capacity fields.
+    fn wants_api_probe(_: &EfaFlags) -> bool {
+        true
+    }
+
+    /// Where a node pool opts in to sharing (or out): [`sharing::SHARING_LABEL`].
+    fn set_node_labels(&mut self, labels: &BTreeMap<String, String>) {
+        let (flag, why) = self.sharing_flag.with_node_label(labels);
+        if let Some(why) = why {
+            tracing::info!(reason = why, "EFA sharing from the Node label");
+        }
+        self.sharing_flag = flag;
+    }
+
+    /// Settles whether EFAs are shared by capacity, and logs why once.
+    fn set_api_support(&mut self, support: &ApiSupport) {
+        let (shared, reason) = sharing::resolve(self.sharing_flag, support);
+        tracing::info!(shared, reason, "EFA sharing");
+        self.share_by_capacity(shared);
     }
 
     /// Every usable EFA with its health, and every EFA published before

@@ -4,7 +4,8 @@
 //! [`attributes`] (EFA → DRA `Device`), [`config`] (the strict `EfaConfig`),
 //! [`prepare`] (the `dra-core` [`dra_core::Driver`] impl), [`inventory`]
 //! (the `dra-core` [`dra_core::DeviceInventory`] impl: what a scan finds),
-//! [`safety`] (refusing to run next to the classic device plugin).
+//! [`safety`] (refusing to run next to the classic device plugin),
+//! [`sharing`] (EFAs shared by capacity, `--sharing capacity`).
 
 pub mod attributes;
 pub mod config;
@@ -13,11 +14,13 @@ pub mod health;
 pub mod inventory;
 pub mod prepare;
 pub mod safety;
+pub mod sharing;
 
 pub use config::EfaConfig;
 pub use discovery::{Discovery, DiscoveryError, Efa, discover};
 pub use inventory::EfaInventory;
 pub use prepare::EfaDriver;
+pub use sharing::{EfaFlags, SharingFlag};
 
 /// The DRA driver name (`--driver-name` default, DeviceClass name).
 pub const DRIVER_NAME: &str = "efa.networking.k8s.aws";
