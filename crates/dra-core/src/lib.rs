@@ -58,6 +58,8 @@ pub use prepare::driver::{
 };
 pub use publish::node::device_plugin_resources_present;
 pub use scan::attributes;
+/// What keeps a rescan at rest cheap: the last discovery, reused while its fingerprint holds.
+pub use scan::reuse::{DiscoveryCache, Fingerprint, Lookup};
 pub use scan::inventory::{
     ApiSupport, DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
 };

@@ -12,5 +12,6 @@
 
 pub mod attributes;
 pub(crate) mod inventory;
+pub(crate) mod reuse;
 pub(crate) mod taints;
 pub(crate) mod uevent;

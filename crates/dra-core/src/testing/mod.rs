@@ -39,3 +39,4 @@ pub use crate::publish::publisher::{
 pub use crate::scan::uevent::{Uevent, UeventError, UeventSocket};
 
 pub mod conformance;
+pub mod rescan_bench;
