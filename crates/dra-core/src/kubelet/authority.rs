@@ -11,8 +11,13 @@
 //! mirroring the client's encoder and one whose output only the server sees,
 //! so both dynamic tables stay consistent. Padding is dropped, priority
 //! fields and END_STREAM are kept. Server-to-client bytes are copied as is.
-//! Limit: it assumes the server's default 4096-byte HPACK table (h2's
-//! default; we never change it). [`InboundStream`] is the whole client
+//! The client's encoder may use at most the dynamic table size the server
+//! advertises (SETTINGS_HEADER_TABLE_SIZE, never changed from the default
+//! 4096 bytes by h2 or tonic), so the mirror decoder allows no more
+//! ([`MAX_HEADER_TABLE`]): a size update above it is a decoding error that
+//! closes the connection (RFC 7541 §4.2, §6.3), and eviction keeps the table
+//! within the size (entries count name + value + 32 bytes). Without this
+//! bound one connection could raise the table to 4 GiB and fill it. [`InboundStream`] is the whole client
 //! side as a push parser with no I/O, so that `connection` can put time
 //! limits around it and the fuzz targets can drive it; frames over
 //! [`MAX_IN_FRAME`] and header lists over [`MAX_HEADER_LIST`] are refused.
@@ -55,6 +60,9 @@ pub const MAX_IN_FRAME: usize = 16_384;
 /// bound, endless CONTINUATION frames or one small block that references a
 /// large dynamic-table entry thousands of times would exhaust memory.
 pub(crate) const MAX_HEADER_LIST: usize = 64 * 1024;
+/// The dynamic table size the server allows the client's encoder: HTTP/2's
+/// initial SETTINGS_HEADER_TABLE_SIZE, which the server never changes.
+pub(crate) const MAX_HEADER_TABLE: usize = 4096;
 /// The authority the server is given instead of the socket path.
 const AUTHORITY: &[u8] = b"localhost";
 
@@ -132,8 +140,10 @@ impl Default for HeaderRewriter {
 
 impl HeaderRewriter {
     pub(crate) fn new() -> Self {
+        let mut from_client = Decoder::new();
+        from_client.set_max_allowed_table_size(MAX_HEADER_TABLE);
         Self {
-            from_client: Decoder::new(),
+            from_client,
             to_server: Encoder::new(),
             pending: None,
         }

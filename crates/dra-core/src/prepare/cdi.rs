@@ -7,6 +7,11 @@
 //! CDI spec's version table: 0.3.0 is the earliest tagged release; 0.5.0
 //! added `hostPath` on device nodes and device names starting with a digit;
 //! 0.6.0 allowed dots in the class (name segment of `kind`).
+//!
+//! A claim's device attributes files (see [`crate::prepare::attributes_file`])
+//! are mounted by one more device per request, `<claimUID>_<request>`: the
+//! underscore keeps it apart from every `<claimUID>-<device>` (device names
+//! are DNS labels).
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +20,7 @@ use serde::Serialize;
 #[cfg(any(test, feature = "testing"))]
 use crate::prepare::atomic::commit;
 use crate::prepare::atomic::{Staged, remove_if_exists, stage};
+use crate::prepare::attributes_file::AttributesMount;
 use crate::prepare::driver::{ContainerEdits, DeviceEdits};
 
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +62,18 @@ struct SpecEdits<'a> {
     env: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     device_nodes: Vec<SpecDeviceNode<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    mounts: Vec<SpecMount<'a>>,
 }
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecMount<'a> {
+    host_path: &'a Path,
+    container_path: &'a str,
+    options: [&'static str; 2],
+}
+
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -116,20 +133,49 @@ impl CdiWriter {
         Ok(path)
     }
 
+    /// The CDI id of the device that mounts the attributes file of
+    /// `request` of a claim.
+    pub(crate) fn mount_device_id(&self, claim_uid: &str, request: &str) -> String {
+        format!("{}/{}={claim_uid}_{request}", self.vendor, self.class)
+    }
+
     /// The claim's spec written beside its final path, to be put in place
     /// with the checkpoint ([`crate::prepare::atomic::commit`]).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn stage(
         &self,
         claim_uid: &str,
         devices: &[DeviceEdits],
     ) -> Result<(PathBuf, Staged), CdiError> {
-        let devices: Vec<SpecDevice<'_>> = devices
+        self.stage_with(claim_uid, devices, &[])
+    }
+
+    /// [`Self::stage`] with a read-only bind mount device per attributes file.
+    pub(crate) fn stage_with(
+        &self,
+        claim_uid: &str,
+        devices: &[DeviceEdits],
+        mounts: &[AttributesMount],
+    ) -> Result<(PathBuf, Staged), CdiError> {
+        let mut devices: Vec<SpecDevice<'_>> = devices
             .iter()
             .map(|d| SpecDevice {
                 name: format!("{claim_uid}-{}", d.device),
                 container_edits: spec_edits(&d.edits),
             })
             .collect();
+        devices.extend(mounts.iter().map(|m| SpecDevice {
+            name: format!("{claim_uid}_{}", m.request),
+            container_edits: SpecEdits {
+                env: Vec::new(),
+                device_nodes: Vec::new(),
+                mounts: vec![SpecMount {
+                    host_path: &m.host_path,
+                    container_path: &m.container_path,
+                    options: ["ro", "bind"],
+                }],
+            },
+        }));
         let spec = Spec {
             cdi_version: self.minimum_version(&devices),
             kind: format!("{}/{}", self.vendor, self.class),
@@ -185,6 +231,7 @@ fn spec_edits(edits: &ContainerEdits) -> SpecEdits<'_> {
                 host_path: n.host_path.as_deref().filter(|h| *h != n.path),
             })
             .collect(),
+        mounts: Vec::new(),
     }
 }
 

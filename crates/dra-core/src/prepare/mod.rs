@@ -12,6 +12,7 @@
 //! top-level modules.
 
 pub(crate) mod atomic;
+pub(crate) mod attributes_file;
 pub(crate) mod cdi;
 pub(crate) mod checkpoint;
 pub(crate) mod claims;

@@ -343,3 +343,111 @@ fn endless_continuations_are_refused() {
         Err(AdapterError::HeaderListTooLarge { stream: 1 })
     ));
 }
+
+/// `value` as an HPACK integer with an `n`-bit prefix, `flags` in the
+/// first byte's high bits (RFC 7541 §5.1).
+fn hpack_int(flags: u8, n: u32, value: usize) -> Vec<u8> {
+    let max = (1usize << n) - 1;
+    if value < max {
+        return vec![flags | value as u8];
+    }
+    let mut out = vec![flags | max as u8];
+    let mut rest = value - max;
+    while rest >= 128 {
+        out.push((rest % 128) as u8 | 0x80);
+        rest /= 128;
+    }
+    out.push(rest as u8);
+    out
+}
+
+/// A literal header with incremental indexing and a new name (§6.2.1).
+fn indexed_literal(name: &[u8], value: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x40];
+    out.extend(hpack_int(0, 7, name.len()));
+    out.extend_from_slice(name);
+    out.extend(hpack_int(0, 7, value.len()));
+    out.extend_from_slice(value);
+    out
+}
+
+fn headers_frame(stream: u32, payload: Vec<u8>) -> Frame {
+    Frame {
+        frame_type: TYPE_HEADERS,
+        flags: FLAG_END_HEADERS,
+        stream,
+        payload,
+    }
+}
+
+/// Many header blocks on one connection, each adding a 1,000-byte entry
+/// (1,010 + 32 bytes as HPACK counts it): the mirror table keeps only what
+/// fits the 4,096 bytes the server allows, so after 10,000 blocks the three
+/// newest entries are there and the fourth newest was evicted, whatever
+/// size updates within the limit came in between.
+#[test]
+fn the_dynamic_table_stays_within_the_servers_size_over_many_blocks() {
+    let mut rewriter = HeaderRewriter::new();
+    let value = |i: usize| format!("{i:01000}").into_bytes();
+    // The server's decoder, fed everything the relay forwards.
+    let mut server = Decoder::new();
+    let mut stream = 1;
+    for i in 0..10_000 {
+        let mut block = Vec::new();
+        if i % 1_000 == 0 {
+            // Size updates at the limit and below are fine (§6.3); 0
+            // empties the table, then it is raised back to the limit.
+            block.extend(hpack_int(0x20, 5, 0));
+            block.extend(hpack_int(0x20, 5, MAX_HEADER_TABLE));
+        }
+        block.extend(indexed_literal(b"x-entry", &value(i)));
+        let out = rewriter.feed(headers_frame(stream, block)).unwrap();
+        server_view(&split_frames(&out), &mut server);
+        stream += 2;
+    }
+    // The three newest entries are dynamic indexes 62, 63, 64 (§2.3.3).
+    let out = rewriter
+        .feed(headers_frame(stream, vec![0x80 | 62, 0x80 | 63, 0x80 | 64]))
+        .unwrap();
+    let seen = server_view(&split_frames(&out), &mut server);
+    let values: Vec<&[u8]> = seen[0].1.iter().map(|(_, v)| v.as_slice()).collect();
+    assert_eq!(
+        values,
+        [&value(9_999)[..], &value(9_998)[..], &value(9_997)[..]]
+    );
+    let err = rewriter
+        .feed(headers_frame(stream + 2, vec![0x80 | 65]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AdapterError::Hpack(loona_hpack::decoder::DecoderError::HeaderIndexOutOfBounds)
+        ),
+        "{err}"
+    );
+}
+
+/// A dynamic table size update above what the server allows is a decoding
+/// error (RFC 7541 §6.3), one byte over as much as 1 MiB: the connection
+/// is closed before a single entry could make the table grow past 4,096.
+#[test]
+fn a_table_size_update_above_the_servers_limit_is_refused() {
+    for size in [MAX_HEADER_TABLE + 1, 1 << 20] {
+        let mut rewriter = HeaderRewriter::new();
+        let mut block = hpack_int(0x20, 5, size);
+        block.extend(indexed_literal(b"x-big", &vec![b'v'; 8_000]));
+        let err = rewriter.feed(headers_frame(1, block)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                AdapterError::Hpack(loona_hpack::decoder::DecoderError::InvalidMaxDynamicSize)
+            ),
+            "{size}: {err}"
+        );
+        // Through the connection's parser too: the error closes it.
+        let mut inbound = InboundStream::new(Rewrite::Authority);
+        let mut bytes = PREFACE.to_vec();
+        headers_frame(1, hpack_int(0x20, 5, size)).encode(&mut bytes);
+        assert!(inbound.push(&bytes).is_err(), "{size}");
+    }
+}
