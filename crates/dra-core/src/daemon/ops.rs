@@ -8,6 +8,11 @@
 //! * `/healthz`: `200 ok` only when the injected probe succeeds within
 //!   [`PROBE_TIMEOUT`] (the drivers probe their own kubelet sockets), else
 //!   `503` with the probe's message. Used as the liveness probe.
+//!
+//! Probes cost the node next to nothing however often they come: the
+//! probe runs once for all the requests that arrive while it runs (single
+//! flight), and its result answers every request for [`PROBE_REUSE`] after
+//! it finished. A storm of probes is one self-check a second.
 //! * `/readyz`: like `/healthz`, and additionally `503` until the process
 //!   marked itself ready ([`Readiness::set`]), e.g. after registration and
 //!   the first publish; a DaemonSet rollout waits for it before moving on.
@@ -20,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::FutureExt;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
@@ -29,20 +35,46 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 
 /// Default `--metrics-address`.
 pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "0.0.0.0:8080";
 /// Longest a health probe may take before it counts as failed.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a finished probe's result answers later requests.
+pub(crate) const PROBE_REUSE: Duration = Duration::from_secs(1);
 /// Longest the server waits for open connections on shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// The future a health probe returns.
 pub(crate) type ProbeFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
-/// An async check run for every `/healthz` and `/readyz` request.
+/// The async check behind `/healthz` and `/readyz`, run at most once at a
+/// time and at most about once per [`PROBE_REUSE`] (see the module doc).
 #[derive(Clone)]
-pub(crate) struct HealthProbe(Arc<dyn Fn() -> ProbeFuture + Send + Sync>);
+pub(crate) struct HealthProbe {
+    run: Arc<dyn Fn() -> ProbeFuture + Send + Sync>,
+    last: Arc<std::sync::Mutex<LastProbe>>,
+    reuse: Duration,
+}
+
+/// A probe run shared by every request that arrives while it runs.
+type SharedRun = futures::future::Shared<Pin<Box<dyn Future<Output = Result<(), String>> + Send>>>;
+
+/// The latest probe run: in flight, or finished (when, and its result).
+#[derive(Default)]
+enum LastProbe {
+    #[default]
+    Never,
+    Running {
+        id: u64,
+        run: SharedRun,
+    },
+    Done {
+        at: Instant,
+        result: Result<(), String>,
+    },
+}
 
 impl HealthProbe {
     /// Wraps any `Fn() -> impl Future<Output = Result<(), String>>`.
@@ -51,7 +83,18 @@ impl HealthProbe {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), String>> + Send + 'static,
     {
-        Self(Arc::new(move || Box::pin(probe())))
+        Self {
+            run: Arc::new(move || Box::pin(probe())),
+            last: Arc::default(),
+            reuse: PROBE_REUSE,
+        }
+    }
+
+    /// How long a finished result is reused ([`PROBE_REUSE`] unless set).
+    #[cfg(test)]
+    pub(crate) fn reuse_for(mut self, reuse: Duration) -> Self {
+        self.reuse = reuse;
+        self
     }
 
     /// A probe that always succeeds (for `discover`-like tools and tests).
@@ -60,13 +103,48 @@ impl HealthProbe {
         Self::new(|| async { Ok(()) })
     }
 
+    /// The probe's answer: a recent one, the one in flight, or a new run.
     async fn check(&self) -> Result<(), String> {
-        match tokio::time::timeout(PROBE_TIMEOUT, (self.0)()).await {
-            Ok(result) => result,
-            Err(_) => Err(format!(
-                "health probe did not answer within {PROBE_TIMEOUT:?}"
-            )),
+        let (id, run) = {
+            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            match &*last {
+                LastProbe::Done { at, result } if at.elapsed() < self.reuse => {
+                    return result.clone();
+                }
+                LastProbe::Running { id, run } => (*id, run.clone()),
+                LastProbe::Never | LastProbe::Done { .. } => {
+                    let id = RUNS.fetch_add(1, Ordering::Relaxed);
+                    let run = bounded((self.run)()).boxed().shared();
+                    *last = LastProbe::Running {
+                        id,
+                        run: run.clone(),
+                    };
+                    (id, run)
+                }
+            }
+        };
+        let result = run.await;
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(&*last, LastProbe::Running { id: running, .. } if *running == id) {
+            *last = LastProbe::Done {
+                at: Instant::now(),
+                result: result.clone(),
+            };
         }
+        result
+    }
+}
+
+/// Numbers probe runs, so that only the run in flight is recorded as done.
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// `probe`, failed once it has taken [`PROBE_TIMEOUT`].
+async fn bounded(probe: ProbeFuture) -> Result<(), String> {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "health probe did not answer within {PROBE_TIMEOUT:?}"
+        )),
     }
 }
 
@@ -269,133 +347,4 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// One raw HTTP/1.1 request over TCP; returns (status, body).
-    async fn get(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        s.write_all(
-            format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .expect("write");
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).await.expect("read");
-        let status = raw
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .expect("status line");
-        let body = raw
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    #[tokio::test]
-    async fn endpoints_over_tcp() {
-        let registry = Registry::new();
-        let counter = prometheus::IntCounter::new("aws_dra_test_total", "test").expect("counter");
-        registry
-            .register(Box::new(counter.clone()))
-            .expect("register");
-        counter.inc_by(7);
-
-        let healthy = Arc::new(AtomicBool::new(true));
-        let calls = Arc::new(AtomicUsize::new(0));
-        let (h, c) = (healthy.clone(), calls.clone());
-        let probe = HealthProbe::new(move || {
-            let ok = h.load(Ordering::SeqCst);
-            c.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if ok {
-                    Ok(())
-                } else {
-                    Err("plugin socket not answering".to_string())
-                }
-            }
-        });
-        let readiness = Readiness::default();
-        let server = OpsServer::bind(
-            "127.0.0.1:0".parse().expect("addr"),
-            registry,
-            probe,
-            readiness.clone(),
-        )
-        .await
-        .expect("bind");
-        let addr = server.local_addr().expect("addr");
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(server.serve(async {
-            let _ = stop_rx.await;
-        }));
-
-        let (status, body) = get(addr, "GET", "/metrics").await;
-        assert_eq!(status, 200);
-        assert!(body.contains("aws_dra_test_total 7"), "{body}");
-
-        assert_eq!(
-            get(addr, "GET", "/healthz").await,
-            (200, "ok\n".to_string())
-        );
-        assert_eq!(
-            get(addr, "GET", "/readyz").await.0,
-            503,
-            "not ready before set"
-        );
-        readiness.set(true);
-        assert_eq!(get(addr, "GET", "/readyz").await.0, 200);
-
-        healthy.store(false, Ordering::SeqCst);
-        assert_eq!(
-            get(addr, "GET", "/healthz").await,
-            (503, "unhealthy: plugin socket not answering\n".to_string())
-        );
-        assert_eq!(get(addr, "GET", "/readyz").await.0, 503);
-        assert_eq!(calls.load(Ordering::SeqCst), 4, "probe runs per request");
-
-        assert_eq!(get(addr, "GET", "/nope").await.0, 404);
-        assert_eq!(get(addr, "POST", "/metrics").await.0, 405);
-        assert_eq!(get(addr, "HEAD", "/metrics").await.0, 200);
-
-        stop_tx.send(()).expect("stop");
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("stops")
-            .expect("join");
-        assert!(
-            tokio::net::TcpStream::connect(addr).await.is_err(),
-            "listener closed after shutdown"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn slow_probe_times_out() {
-        let probe = HealthProbe::new(|| async {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            Ok(())
-        });
-        let err = probe.check().await.expect_err("times out");
-        assert!(err.contains("did not answer"), "{err}");
-    }
-
-    #[tokio::test]
-    async fn bind_error_names_address() {
-        let taken = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = taken.local_addr().expect("addr");
-        let err = OpsServer::bind(
-            addr,
-            Registry::new(),
-            HealthProbe::always_ok(),
-            Readiness::default(),
-        )
-        .await
-        .err()
-        .expect("address in use");
-        assert!(err.to_string().contains(&addr.to_string()), "{err}");
-    }
-}
+mod tests;
