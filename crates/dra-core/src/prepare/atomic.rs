@@ -2,6 +2,13 @@
 //! fsync of the directory. Readers (container runtimes, a second plugin
 //! instance) see either the old or the new content, never a torn file.
 //!
+//! A temp file is always a new file (`O_CREAT | O_EXCL | O_NOFOLLOW`): a
+//! symlink or file planted under its name makes the write fail instead of
+//! writing through it. Its name is `.<target>.tmp-<pid>-<random>`: the pid
+//! alone says nothing in a container (every driver is pid 1, and two run
+//! side by side in a seamless upgrade), so a random number makes it unique,
+//! and a name that is taken after all is retried with another.
+//!
 //! Several files can be put in place together ([`stage`], then [`commit`]):
 //! their temp files are synced in parallel, renamed in the order given, and
 //! their directories synced in parallel. A prepare writes a CDI spec and the
@@ -10,11 +17,12 @@
 
 use std::fs::{self, File};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-static COUNTER: AtomicU64 = AtomicU64::new(0);
+/// How many names [`stage`] tries before it gives up on `EEXIST`.
+const NAME_TRIES: usize = 8;
 
 /// New content for `path`, written to a temp file beside it, not yet synced
 /// nor in place. Dropped without [`commit`], the temp file is removed.
@@ -39,14 +47,25 @@ pub(crate) fn stage(path: &Path, contents: &[u8]) -> std::io::Result<Staged> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    // Dot-prefixed and not ending in .json: CDI scanners skip it.
-    let tmp = dir.join(format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    let mut tries = 0;
+    let (file, tmp) = loop {
+        // Dot-prefixed and not ending in .json: CDI scanners skip it.
+        let tmp = dir.join(format!(
+            ".{name}.tmp-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        match create_new(&tmp) {
+            Ok(file) => break (file, tmp),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries + 1 < NAME_TRIES => {
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    // From here on, dropping `staged` (an error below) removes the file.
     let mut staged = Staged {
-        file: Some(File::create(&tmp)?),
+        file: Some(file),
         tmp,
         path: path.to_path_buf(),
     };
@@ -54,6 +73,15 @@ pub(crate) fn stage(path: &Path, contents: &[u8]) -> std::io::Result<Staged> {
         file.write_all(contents)?;
     }
     Ok(staged)
+}
+
+/// Creates `path` as a new file, never through a symlink.
+fn create_new(path: &Path) -> std::io::Result<File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// Puts staged files in place, durably: all temp files synced (in
@@ -267,5 +295,41 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    /// A temp file is never written through a link or over a file that is
+    /// already there, and two writers' temp files (same pid: containers)
+    /// get different names.
+    #[test]
+    fn temp_files_are_new_files_under_unique_names() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "keep").unwrap();
+        let planted = dir.path().join(".a.json.tmp-1-1");
+        symlink(&victim, &planted).unwrap();
+        let err = create_new(&planted).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+        // A dangling link: O_CREAT alone would create its target.
+        let dangling = dir.path().join(".a.json.tmp-1-2");
+        let target = dir.path().join("created-through-the-link");
+        symlink(&target, &dangling).unwrap();
+        assert!(create_new(&dangling).is_err());
+        assert!(!target.exists());
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+
+        let path = dir.path().join("a.json");
+        let (one, two) = (stage(&path, b"1").unwrap(), stage(&path, b"2").unwrap());
+        assert_ne!(one.tmp, two.tmp);
+        let pid = std::process::id().to_string();
+        for s in [&one, &two] {
+            let name = s.tmp.file_name().unwrap().to_str().unwrap();
+            assert_eq!(staged_target(name), Some("a.json"), "{name}");
+            let (_, rest) = name.split_once(".tmp-").unwrap();
+            assert!(rest.starts_with(&format!("{pid}-")), "{name}");
+        }
+        let tmps = [one.tmp.clone(), two.tmp.clone()];
+        drop((one, two));
+        assert!(tmps.iter().all(|t| !t.exists()), "removed when dropped");
     }
 }
