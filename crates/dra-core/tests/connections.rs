@@ -2,10 +2,17 @@
 //! close each of them, and shutdown must finish within 5 s whatever they
 //! are doing. The inputs are those that once left registration connections
 //! open for ever, plus stalls.
+//!
+//! Every test runs on tokio's paused clock: time moves only when every task
+//! waits on a timer, so each bound below is measured in the server's own
+//! timeouts, never in how busy the machine running the tests is. Socket I/O
+//! is real (the kernel delivers it before the clock may move on).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use dra_core::testing::ConnectionLimits;
 use dra_core::testing::{Frame, PREFACE};
@@ -146,7 +153,7 @@ async fn assert_closed_by_server(s: &mut UnixStream, bound: Duration, what: &str
     let mut buf = [0u8; 4096];
     let started = Instant::now();
     loop {
-        match tokio::time::timeout_at((started + bound).into(), s.read(&mut buf)).await {
+        match tokio::time::timeout_at(started + bound, s.read(&mut buf)).await {
             Err(_) => panic!("{what}: server kept the connection open for {bound:?}"),
             Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(_)) => {}
@@ -158,7 +165,7 @@ async fn assert_closed_by_server(s: &mut UnixStream, bound: Duration, what: &str
 /// still open.
 async fn assert_still_open(s: &mut UnixStream, wait: Duration, what: &str) {
     let mut buf = [0u8; 4096];
-    let until = tokio::time::Instant::now() + wait;
+    let until = Instant::now() + wait;
     loop {
         match tokio::time::timeout_at(until, s.read(&mut buf)).await {
             Err(_) => return,
@@ -168,7 +175,7 @@ async fn assert_still_open(s: &mut UnixStream, wait: Duration, what: &str) {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn connections_are_closed_after_bad_input_and_hang_up() {
     let p = start(ConnectionLimits::default()).await;
     for socket in [p.registration(), p.dra()] {
@@ -190,7 +197,7 @@ async fn connections_are_closed_after_bad_input_and_hang_up() {
     assert!(started.elapsed() < SHUTDOWN_BOUND);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn invalid_bytes_close_the_connection_without_a_hang_up() {
     let p = start(ConnectionLimits::default()).await;
     let too_large = {
@@ -217,7 +224,7 @@ async fn invalid_bytes_close_the_connection_without_a_hang_up() {
     p.running.wait().await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn clients_that_stall_mid_frame_are_closed_after_the_frame_timeout() {
     let limits = ConnectionLimits {
         preface: Duration::from_millis(600),
@@ -262,7 +269,7 @@ async fn clients_that_stall_mid_frame_are_closed_after_the_frame_timeout() {
     p.running.wait().await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn shutdown_completes_within_5s_with_connections_open() {
     // Default limits: nothing times out on its own during the test.
     let p = start(ConnectionLimits::default()).await;
