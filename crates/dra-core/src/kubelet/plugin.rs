@@ -29,6 +29,7 @@ use crate::kubelet::proto::{
     dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg,
 };
 use crate::prepare::atomic::remove_if_exists;
+use crate::prepare::attributes_file::AttributeFiles;
 use crate::prepare::cdi::CdiWriter;
 use crate::prepare::checkpoint::CheckpointStore;
 use crate::prepare::claims::ClaimSource;
@@ -73,6 +74,8 @@ pub struct PluginOptions {
     /// another pool names a device of another node and is refused. `None`
     /// accepts every pool (tests that do not care).
     pub pool: Option<String>,
+    /// Device attributes files (on by default).
+    pub device_attributes: AttributeFiles,
 }
 
 impl PluginOptions {
@@ -90,6 +93,7 @@ impl PluginOptions {
             connections: ConnectionLimits::default(),
             device_release_wait: DEFAULT_DEVICE_RELEASE_WAIT,
             pool: None,
+            device_attributes: AttributeFiles::default(),
         }
     }
 
@@ -251,6 +255,10 @@ impl<D: Driver> KubeletPlugin<D> {
                 &self.options.driver_name,
                 &self.options.cdi_class,
             ),
+            attribute_files: self
+                .options
+                .device_attributes
+                .for_driver(&self.options.driver_name, &self.options.cdi_root),
             checkpoint: CheckpointStore::new(
                 &sockets.data_dir,
                 self.options.boot_id_path.clone(),
@@ -271,11 +279,7 @@ impl<D: Driver> KubeletPlugin<D> {
         // A run killed while writing (SIGKILL, OOM) leaves its temp files;
         // they are removed once old enough to be nobody's (at most
         // ABANDONED_AFTER + SWEEP_EVERY after they were written).
-        tokio::spawn(sweep_abandoned(
-            pipeline.cdi.clone(),
-            pipeline.checkpoint.clone(),
-            shutdown.clone(),
-        ));
+        tokio::spawn(sweep::sweep_abandoned(pipeline.clone(), shutdown.clone()));
 
         let mut versions = vec!["v1.DRAPlugin".to_string(), "v1beta1.DRAPlugin".to_string()];
         let mut plugin_router = tonic::transport::Server::builder()
@@ -558,43 +562,7 @@ macro_rules! dra_service_version {
 dra_service_version!(dra_v1);
 dra_service_version!(dra_v1beta1);
 
-/// How often [`sweep_abandoned`] looks for abandoned temp files: as often as
-/// they can become removable ([`crate::prepare::atomic::ABANDONED_AFTER`]).
-/// Only a killed writer leaves them, so after the sweeps that follow a
-/// start there is nothing to find; sweeping every 10 s cost an idle driver
-/// six wake-ups, a blocking thread and two directory listings a minute.
-const SWEEP_EVERY: std::time::Duration = crate::prepare::atomic::ABANDONED_AFTER;
-
-/// Until `shutdown`: removes, every [`SWEEP_EVERY`], the temp files of this
-/// driver's CDI specs and checkpoint that a killed writer left behind
-/// ([`crate::prepare::atomic::ABANDONED_AFTER`] old). A small directory listing, off
-/// the reactor.
-async fn sweep_abandoned(cdi: CdiWriter, checkpoint: CheckpointStore, shutdown: CancellationToken) {
-    loop {
-        let (cdi, checkpoint) = (cdi.clone(), checkpoint.clone());
-        let found = tokio::task::spawn_blocking(move || {
-            [
-                ("CDI spec", cdi.remove_abandoned()),
-                ("checkpoint", checkpoint.remove_abandoned()),
-            ]
-        })
-        .await;
-        for (what, found) in found.into_iter().flatten() {
-            match found {
-                Ok(files) if files.is_empty() => {}
-                Ok(files) => tracing::info!(
-                    files = ?files,
-                    "removed {what} temp files that a killed writer left unfinished"
-                ),
-                Err(e) => tracing::warn!(error = %e, "cannot clear abandoned {what} temp files"),
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(SWEEP_EVERY) => {}
-        }
-    }
-}
+mod sweep;
 
 #[cfg(test)]
 mod tests;

@@ -74,7 +74,6 @@ struct SpecMount<'a> {
     options: [&'static str; 2],
 }
 
-
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct SpecDeviceNode<'a> {

@@ -35,6 +35,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::{Notify, oneshot};
 
 use crate::prepare::atomic::Staged;
+use crate::prepare::attributes_file::{AttributeFiles, attach_mounts};
 use crate::prepare::cdi::CdiWriter;
 use crate::prepare::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, PreparedClaim};
 use crate::prepare::claims::{ClaimSource, ClaimSourceError};
@@ -82,6 +83,8 @@ pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) driver: Arc<D>,
     pub(crate) claims: Arc<dyn ClaimSource>,
     pub(crate) cdi: CdiWriter,
+    /// Device attributes files, mounted through the claim's CDI spec.
+    pub(crate) attribute_files: AttributeFiles,
     pub(crate) checkpoint: CheckpointStore,
     pub(crate) lock: DataDirLock,
     pub(crate) metrics: PluginMetrics,
@@ -373,7 +376,7 @@ impl<D: Driver> ClaimPipeline<D> {
         claim: &ClaimRef,
         fetched: &Result<Option<ResourceClaim>, ClaimSourceError>,
         checkpoint: &Checkpoint,
-    ) -> Result<(PreparedClaim, Option<Staged>), Refusal> {
+    ) -> Result<(PreparedClaim, Vec<Staged>), Refusal> {
         let who = format!("ResourceClaim {}/{}", claim.namespace, claim.name);
         let object = fetched.as_ref().map_err(|e| {
             Refusal::Final(format!(
@@ -414,17 +417,7 @@ impl<D: Driver> ClaimPipeline<D> {
             .iter()
             .filter_map(|a| edits.iter().find(|e| e.device == a.device).cloned())
             .collect();
-        let (spec_path, spec) = if ordered.is_empty() {
-            (self.cdi.spec_path(&claim.uid), None)
-        } else {
-            let (path, staged) = self
-                .cdi
-                .stage(&claim.uid, &ordered)
-                .map_err(|e| Refusal::Final(format!("{who}: {e}")))?;
-            (path, Some(staged))
-        };
-
-        let devices = allocated
+        let mut devices: Vec<PreparedDevice> = allocated
             .iter()
             .zip(recorded)
             .map(|(a, (request_names, share_ids))| PreparedDevice {
@@ -436,13 +429,28 @@ impl<D: Driver> ClaimPipeline<D> {
                 share_ids,
             })
             .collect();
+        let (mounts, mut staged): (Vec<_>, Vec<_>) = self
+            .attribute_files
+            .stage(claim, object.as_ref(), &devices)
+            .map_err(|e| Refusal::Final(format!("{who}: {e}")))?
+            .into_iter()
+            .unzip();
+        attach_mounts(&self.cdi, &claim.uid, &mut devices, &mounts);
+        let spec_path = self.cdi.spec_path(&claim.uid);
+        if !ordered.is_empty() {
+            let (_, spec) = self
+                .cdi
+                .stage_with(&claim.uid, &ordered, &mounts)
+                .map_err(|e| Refusal::Final(format!("{who}: {e}")))?;
+            staged.push(spec);
+        }
         let prepared = PreparedClaim {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             devices,
             cdi_spec_path: spec_path,
         };
-        Ok((prepared, spec))
+        Ok((prepared, staged))
     }
 
     pub(crate) async fn unprepare(
@@ -477,7 +485,8 @@ impl<D: Driver> ClaimPipeline<D> {
                 None => self
                     .cdi
                     .remove(&self.cdi.spec_path(&claim.uid))
-                    .map_err(|e| format!("unpreparing claim {claim}: {e}")),
+                    .map_err(|e| format!("unpreparing claim {claim}: {e}"))
+                    .and_then(|()| self.remove_attribute_files(claim)),
                 Some(prepared) => {
                     let result = async {
                         self.driver
@@ -485,8 +494,9 @@ impl<D: Driver> ClaimPipeline<D> {
                             .await
                             .map_err(|e| format!("unpreparing claim {claim}: {e}"))?;
                         self.cdi
-                            .remove(&prepared.cdi_spec_path)
-                            .map_err(|e| format!("unpreparing claim {claim}: {e}"))
+                            .remove_claim_spec(&claim.uid, &prepared.cdi_spec_path)
+                            .map_err(|e| format!("unpreparing claim {claim}: {e}"))?;
+                        self.remove_attribute_files(claim)
                     }
                     .await;
                     if result.is_ok() {

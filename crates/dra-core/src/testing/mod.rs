@@ -26,6 +26,7 @@ pub use crate::kubelet::proto::{
     dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration,
 };
 pub use crate::kubelet::self_check::{SelfCheckError, self_check, unix_channel};
+pub use crate::prepare::attributes_file::AttributeFiles;
 pub use crate::prepare::cdi::{CdiError, CdiWriter};
 pub use crate::prepare::checkpoint::{
     CHECKPOINT_VERSION, Checkpoint, CheckpointError, CheckpointStore, PreparedClaim,

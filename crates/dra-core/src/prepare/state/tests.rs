@@ -126,6 +126,7 @@ fn pipeline_with_metrics(
         driver: Arc::new(driver.clone()),
         claims: Arc::new(claims.clone()),
         cdi: CdiWriter::new(&dir.join("cdi"), DRIVER, "dev"),
+        attribute_files: AttributeFiles::default().for_driver(DRIVER, &dir.join("cdi")),
         checkpoint: CheckpointStore::new(dir, boot_id, dir.join("cdi"), metrics.clone()),
         lock: DataDirLock::new(dir),
         metrics,

@@ -1,0 +1,459 @@
+//! Device attributes files: a prepared claim's devices, with the attributes
+//! we publish for them in ResourceSlices, in a JSON file the container reads.
+//!
+//! The layout a workload sees is KEP-5304's device metadata protocol as the
+//! 1.37 kubelet plugin framework writes it, so a reader written against
+//! upstream drivers reads ours:
+//! - inside the container, per claim and request,
+//!   `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json`,
+//!   or `.../resourceclaimtemplates/<pod claim name>/<request>/...` for a
+//!   claim generated from a template (the pod's own name for the claim, from
+//!   the claim's `resource.kubernetes.io/pod-claim-name` annotation);
+//!   `<request>` is the base request (`gpu` for subrequest `gpu/big`);
+//! - the file is a stream of `DeviceMetadata` objects, the same content once
+//!   per API version, newest first (`metadata.resource.k8s.io/v1beta1`, then
+//!   `v1alpha1` for readers of 1.36); a reader takes the first it knows.
+//!   Each names the claim (`metadata.name`, `namespace`, `uid`,
+//!   `generation` 1: we never rewrite a prepared claim's file) and one
+//!   request (`name` the full request reference) with its devices
+//!   (`driver`, `pool`, `name`, `attributes` typed as in a ResourceSlice).
+//!
+//! On the host a file is `<dir>/<driver>-<claimUID>-<request>.json` (`<dir>`
+//! `/var/run/dra-device-attributes` by default, see [`AttributeFiles`]):
+//! named by the claim UID, so
+//! unprepare finds it from the UID alone (also after a restart, or for a
+//! claim the checkpoint lost), and a start can tell the files of claims no
+//! longer prepared. The claim's CDI spec mounts each file read-only
+//! ([`crate::prepare::cdi`]); the file is put in place with the spec and the
+//! checkpoint, in one commit.
+//!
+//! The attributes are those of the device in the pool as last scanned
+//! ([`AttributeSource`]); a device no longer published under that name (a
+//! rename by an upgrade) is listed without attributes.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceClaim};
+use serde::Serialize;
+
+use crate::prepare::atomic::{Staged, remove_if_exists, stage};
+use crate::prepare::cdi::CdiWriter;
+use crate::prepare::checkpoint::PreparedClaim;
+use crate::prepare::config::base_request;
+use crate::prepare::driver::{ClaimRef, Driver, PreparedDevice};
+use crate::prepare::state::ClaimPipeline;
+
+/// Where the files appear inside containers.
+pub(crate) const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+/// Default host directory of the files.
+pub(crate) const DEFAULT_HOST_DIR: &str = "/var/run/dra-device-attributes";
+/// Set by the resource claim controller on claims made from a template.
+const POD_CLAIM_NAME: &str = "resource.kubernetes.io/pod-claim-name";
+/// The versions written, newest first.
+const API_VERSIONS: [&str; 2] = [
+    "metadata.resource.k8s.io/v1beta1",
+    "metadata.resource.k8s.io/v1alpha1",
+];
+
+/// A device's attributes as published.
+pub(crate) type DeviceAttributes = BTreeMap<String, DeviceAttribute>;
+
+/// The published attributes of a device of this driver, by device name.
+#[derive(Clone)]
+pub(crate) struct AttributeSource(Arc<dyn Fn(&str) -> Option<DeviceAttributes> + Send + Sync>);
+
+impl AttributeSource {
+    pub(crate) fn new(
+        f: impl Fn(&str) -> Option<DeviceAttributes> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Arc::new(f))
+    }
+}
+
+impl fmt::Debug for AttributeSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AttributeSource")
+    }
+}
+
+/// Whether and where attributes files are written.
+#[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub struct AttributeFiles {
+    /// Off: no file is written nor mounted; files of claims prepared before
+    /// are still removed at their unprepare.
+    pub enabled: bool,
+    /// The host directory; `None`: `dra-device-attributes` beside the CDI
+    /// root (`/var/run/dra-device-attributes` for `/var/run/cdi`), which
+    /// keeps the files of test nodes that share a host apart as their CDI
+    /// roots are.
+    pub host_dir: Option<PathBuf>,
+    pub(crate) source: Option<AttributeSource>,
+    /// Set by [`Self::for_driver`]: the plugin's driver name and the
+    /// directory in use.
+    pub(crate) driver: String,
+    pub(crate) dir: PathBuf,
+}
+
+impl Default for AttributeFiles {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            host_dir: None,
+            source: None,
+            driver: String::new(),
+            dir: PathBuf::from(DEFAULT_HOST_DIR),
+        }
+    }
+}
+
+/// One file to mount: the CDI writer turns it into a mount device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttributesMount {
+    /// Base request name.
+    pub(crate) request: String,
+    pub(crate) host_path: PathBuf,
+    pub(crate) container_path: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AttributeFilesError {
+    #[error("writing device attributes file {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("encoding device attributes file: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeviceMetadata<'a> {
+    kind: &'static str,
+    api_version: &'static str,
+    metadata: ObjectMeta<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_claim_name: Option<&'a str>,
+    requests: [MetadataRequest<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct ObjectMeta<'a> {
+    name: &'a str,
+    namespace: &'a str,
+    uid: &'a str,
+    generation: i64,
+}
+
+#[derive(Serialize)]
+struct MetadataRequest<'a> {
+    name: &'a str,
+    devices: Vec<MetadataDevice<'a>>,
+}
+
+#[derive(Serialize)]
+struct MetadataDevice<'a> {
+    driver: &'a str,
+    pool: &'a str,
+    name: &'a str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    attributes: DeviceAttributes,
+}
+
+impl AttributeFiles {
+    /// These settings for driver `driver` writing CDI specs to `cdi_root`.
+    pub(crate) fn for_driver(&self, driver: &str, cdi_root: &Path) -> Self {
+        let dir = self.host_dir.clone().unwrap_or_else(|| {
+            cdi_root
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .join("dra-device-attributes")
+        });
+        Self {
+            driver: driver.to_owned(),
+            dir,
+            ..self.clone()
+        }
+    }
+
+    /// The host file of `request` (base name) of claim `claim_uid`.
+    pub(crate) fn host_path(&self, claim_uid: &str, request: &str) -> PathBuf {
+        self.dir
+            .join(format!("{}-{claim_uid}-{request}.json", self.driver))
+    }
+
+    /// Where the file of `request` appears in the container.
+    pub(crate) fn container_path(
+        &self,
+        claim_name: &str,
+        pod_claim_name: Option<&str>,
+        request: &str,
+    ) -> String {
+        let (sub, name) = match pod_claim_name.filter(|n| !n.is_empty()) {
+            Some(pod_claim) => ("resourceclaimtemplates", pod_claim),
+            None => ("resourceclaims", claim_name),
+        };
+        format!(
+            "{CONTAINER_DIR}/{sub}/{name}/{request}/{}-metadata.json",
+            self.driver
+        )
+    }
+
+    /// Writes (not yet in place) one file per request of `devices`, the
+    /// claim's prepared devices in allocation order; `object` is the claim as
+    /// read, for the template's claim name and full request references.
+    /// Nothing when off.
+    pub(crate) fn stage(
+        &self,
+        claim: &ClaimRef,
+        object: Option<&ResourceClaim>,
+        devices: &[PreparedDevice],
+    ) -> Result<Vec<(AttributesMount, Staged)>, AttributeFilesError> {
+        if !self.enabled || devices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pod_claim_name = object
+            .and_then(|o| o.metadata.annotations.as_ref())
+            .and_then(|a| a.get(POD_CLAIM_NAME))
+            .map(String::as_str);
+        let mut requests: Vec<&str> = Vec::new();
+        for d in devices {
+            for r in &d.request_names {
+                if !requests.contains(&r.as_str()) {
+                    requests.push(r);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(requests.len());
+        for request in requests {
+            let members: Vec<&PreparedDevice> = devices
+                .iter()
+                .filter(|d| d.request_names.iter().any(|r| r == request))
+                .collect();
+            let full = full_request(object, &self.driver, request, &members);
+            let entry = MetadataRequest {
+                name: full,
+                devices: members
+                    .iter()
+                    .map(|d| MetadataDevice {
+                        driver: &self.driver,
+                        pool: &d.pool,
+                        name: &d.device,
+                        attributes: self
+                            .source
+                            .as_ref()
+                            .and_then(|s| (s.0)(&d.device))
+                            .unwrap_or_default(),
+                    })
+                    .collect(),
+            };
+            let bytes = encode(claim, pod_claim_name, entry)?;
+            let path = self.host_path(&claim.uid, request);
+            let staged = std::fs::create_dir_all(&self.dir)
+                .and_then(|()| stage(&path, &bytes))
+                .map_err(|source| AttributeFilesError::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+            let mount = AttributesMount {
+                request: request.to_owned(),
+                container_path: self.container_path(&claim.name, pod_claim_name, request),
+                host_path: path,
+            };
+            out.push((mount, staged));
+        }
+        Ok(out)
+    }
+
+    /// The files of this driver in the host directory, with the rest of
+    /// their name after `<driver>-` (`<claimUID>-<request>.json`).
+    fn ours(&self) -> std::io::Result<Vec<(PathBuf, String)>> {
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let prefix = format!("{}-", self.driver);
+        let mut found = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if let Some(rest) = name.strip_prefix(&prefix)
+                && rest.ends_with(".json")
+            {
+                found.push((entry.path(), rest.to_owned()));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Removes every file of claim `claim_uid`.
+    pub(crate) fn remove_claim(&self, claim_uid: &str) -> std::io::Result<()> {
+        let prefix = format!("{claim_uid}-");
+        for (path, rest) in self.ours()? {
+            if rest.starts_with(&prefix) {
+                remove_if_exists(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the files of claims that `prepared` (the checkpoint's claims
+    /// by UID) does not hold; returns them. Call under the node lock, so
+    /// that no file of a claim being prepared is taken for a stale one.
+    pub(crate) fn remove_stale(
+        &self,
+        prepared: &BTreeMap<String, PreparedClaim>,
+    ) -> std::io::Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        for (path, rest) in self.ours()? {
+            let held = prepared.keys().any(|uid| {
+                rest.strip_prefix(uid.as_str())
+                    .is_some_and(|r| r.starts_with('-'))
+            });
+            if !held {
+                remove_if_exists(&path)?;
+                removed.push(path);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes the temp files a writer killed between staging and
+    /// committing left (see [`crate::prepare::atomic::remove_abandoned`]).
+    pub(crate) fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
+        let prefix = format!("{}-", self.driver);
+        crate::prepare::atomic::remove_abandoned(
+            &self.dir,
+            |target| target.starts_with(&prefix) && target.ends_with(".json"),
+            crate::prepare::atomic::ABANDONED_AFTER,
+        )
+    }
+
+    /// The host directory (for the sweep's log line).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Sets where the published attributes come from.
+    pub(crate) fn with_source(mut self, source: AttributeSource) -> Self {
+        self.source = Some(source);
+        self
+    }
+}
+
+impl<D: Driver> ClaimPipeline<D> {
+    /// Unprepare's part: every file of `claim`, found by its UID.
+    pub(crate) fn remove_attribute_files(&self, claim: &ClaimRef) -> Result<(), String> {
+        self.attribute_files.remove_claim(&claim.uid).map_err(|e| {
+            format!(
+                "unpreparing claim {claim}: removing its device attributes files in {}: {e}",
+                self.attribute_files.dir().display()
+            )
+        })
+    }
+
+    /// At start, under the node lock: removes the files of claims the
+    /// checkpoint no longer holds (unprepared while no driver ran, or by a
+    /// run killed half-way through an unprepare).
+    pub(crate) async fn sweep_attribute_files(&self) {
+        let swept = async {
+            let _guard = self.lock.lock().await.map_err(|e| e.to_string())?;
+            let checkpoint = self.checkpoint.load().map_err(|e| e.to_string())?;
+            self.attribute_files
+                .remove_stale(&checkpoint.claims)
+                .map_err(|e| e.to_string())
+        };
+        match swept.await {
+            Ok(files) if files.is_empty() => {}
+            Ok(files) => tracing::info!(
+                files = ?files,
+                "removed the device attributes files of claims no longer prepared"
+            ),
+            Err(error) => tracing::warn!(
+                error,
+                dir = %self.attribute_files.dir().display(),
+                "cannot sweep device attributes files"
+            ),
+        }
+    }
+}
+
+/// Gives each file's mount to the first device of its request: the CDI id
+/// then reaches every container that asks for the request (kubelet hands a
+/// container the ids of the devices of the requests it names), once.
+pub(crate) fn attach_mounts(
+    cdi: &CdiWriter,
+    claim_uid: &str,
+    devices: &mut [PreparedDevice],
+    mounts: &[AttributesMount],
+) {
+    for m in mounts {
+        if let Some(d) = devices
+            .iter_mut()
+            .find(|d| d.request_names.contains(&m.request))
+        {
+            d.cdi_device_ids
+                .push(cdi.mount_device_id(claim_uid, &m.request));
+        }
+    }
+}
+
+/// The full reference (`<request>/<subrequest>` where one was chosen) of
+/// base request `request`, from the claim's allocation results of `driver`.
+fn full_request<'a>(
+    object: Option<&'a ResourceClaim>,
+    driver: &str,
+    request: &'a str,
+    members: &[&PreparedDevice],
+) -> &'a str {
+    object
+        .and_then(|o| o.status.as_ref())
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .and_then(|results| {
+            results.iter().find(|r| {
+                r.driver == driver
+                    && base_request(&r.request) == request
+                    && members.iter().any(|m| m.device == r.device)
+            })
+        })
+        .map_or(request, |r| r.request.as_str())
+}
+
+/// The stream of one `DeviceMetadata` object per version.
+fn encode(
+    claim: &ClaimRef,
+    pod_claim_name: Option<&str>,
+    request: MetadataRequest<'_>,
+) -> Result<Vec<u8>, serde_json::Error> {
+    let mut doc = DeviceMetadata {
+        kind: "DeviceMetadata",
+        api_version: API_VERSIONS[0],
+        metadata: ObjectMeta {
+            name: &claim.name,
+            namespace: &claim.namespace,
+            uid: &claim.uid,
+            generation: 1,
+        },
+        pod_claim_name,
+        requests: [request],
+    };
+    let mut out = Vec::new();
+    for version in API_VERSIONS {
+        doc.api_version = version;
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        out.push(b'\n');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;
