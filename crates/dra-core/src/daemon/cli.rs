@@ -130,6 +130,15 @@ pub(crate) struct RunArgs {
     /// before kubelet unprepared it) before refusing; 0 refuses at once.
     #[arg(long, env = "DEVICE_RELEASE_WAIT_SECONDS", default_value_t = DEFAULT_DEVICE_RELEASE_WAIT.as_secs())]
     pub device_release_wait: u64,
+    /// Write each prepared claim's device attributes files and mount them
+    /// read-only into its containers; `false`: neither.
+    #[arg(long, env = "DEVICE_ATTRIBUTES_FILES", default_value_t = true,
+          action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub device_attributes_files: bool,
+    /// Host directory of the device attributes files; default:
+    /// `dra-device-attributes` beside `--cdi-root` (/var/run/dra-device-attributes).
+    #[arg(long, env = "DEVICE_ATTRIBUTES_ROOT")]
+    pub device_attributes_root: Option<PathBuf>,
 }
 
 /// Flags of `discover` only.
@@ -181,6 +190,11 @@ impl<X: Args> RunCommand<X> {
             metrics,
             device_release_wait: Duration::from_secs(self.run.device_release_wait),
             managed_node_labels: &[],
+            device_attributes: crate::prepare::attributes_file::AttributeFiles {
+                enabled: self.run.device_attributes_files,
+                host_dir: self.run.device_attributes_root.clone(),
+                ..Default::default()
+            },
         }
     }
 

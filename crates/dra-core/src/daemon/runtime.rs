@@ -70,6 +70,8 @@ pub(crate) struct RuntimeOptions {
     /// Node label keys the driver manages ([`crate::publish::node_labels`]); empty:
     /// the Node is never written.
     pub managed_node_labels: &'static [&'static str],
+    /// Device attributes files in containers (on/off, host directory).
+    pub device_attributes: crate::prepare::attributes_file::AttributeFiles,
 }
 
 /// The API server connection and this node's Node as read at start-up.
@@ -117,6 +119,7 @@ impl RuntimeOptions {
 
     fn plugin_options(&self) -> PluginOptions {
         let mut options = PluginOptions::new(&self.driver_name, self.cdi_class());
+        options.device_attributes = self.device_attributes.clone();
         options.registrar_dir = self.kubelet_registrar_dir.clone();
         options.plugins_dir = self.kubelet_plugins_dir.clone();
         options.cdi_root = self.cdi_root.clone();
@@ -186,7 +189,11 @@ pub(crate) async fn run<D: Driver>(
         let claims = Arc::clone(&claims);
         async move { claims.warm_up().await }
     });
-    let plugin = KubeletPlugin::new(driver, claims, options.plugin_options(), plugin_metrics)
+    let mut plugin_options = options.plugin_options();
+    plugin_options.device_attributes = plugin_options
+        .device_attributes
+        .with_source(published_attributes(feeds.devices.clone()));
+    let plugin = KubeletPlugin::new(driver, claims, plugin_options, plugin_metrics)
         .with_health(feeds.health)
         .start(shutdown.clone())
         .await?;
@@ -296,6 +303,18 @@ pub(crate) fn spawn_signal_handler(shutdown: CancellationToken) -> Result<(), Ru
         shutdown.cancel();
     });
     Ok(())
+}
+
+/// The attributes a device of the pool has as last scanned (what the
+/// publisher writes into the slices), for the device attributes files.
+fn published_attributes(
+    devices: tokio::sync::watch::Receiver<crate::publish::desired::PoolContent>,
+) -> crate::prepare::attributes_file::AttributeSource {
+    crate::prepare::attributes_file::AttributeSource::new(move |name| {
+        let pool = devices.borrow();
+        let device = pool.iter().find(|d| d.name == name)?;
+        Some(device.attributes.clone().unwrap_or_default())
+    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 const DRIVER: &str = "efa.networking.k8s.aws";
 
 /// Every environment variable the CLI reads.
-const ENV_TWINS: [&str; 16] = [
+const ENV_TWINS: [&str; 18] = [
     "SYSFS_ROOT",
     "DEV_ROOT",
     "NODE_NAME",
@@ -21,6 +21,8 @@ const ENV_TWINS: [&str; 16] = [
     "ALLOW_DEVICE_PLUGIN_COEXISTENCE",
     "RESCAN_INTERVAL_SECONDS",
     "DEVICE_RELEASE_WAIT_SECONDS",
+    "DEVICE_ATTRIBUTES_FILES",
+    "DEVICE_ATTRIBUTES_ROOT",
     "OUTPUT_FORMAT",
 ];
 const CHILD_MARKER: &str = "DRA_CORE_CLI_ENV_CHILD";
@@ -198,6 +200,8 @@ fn env_twins_set_every_flag() {
         ("ALLOW_DEVICE_PLUGIN_COEXISTENCE", "true"),
         ("RESCAN_INTERVAL_SECONDS", "7"),
         ("DEVICE_RELEASE_WAIT_SECONDS", "3"),
+        ("DEVICE_ATTRIBUTES_FILES", "false"),
+        ("DEVICE_ATTRIBUTES_ROOT", "/e/attrs"),
     ];
     let want = DriverCli {
         command: DriverCommand::Run(RunCommand {
@@ -220,6 +224,8 @@ fn env_twins_set_every_flag() {
                 allow_device_plugin_coexistence: true,
                 rescan_interval: 7,
                 device_release_wait: 3,
+                device_attributes_files: false,
+                device_attributes_root: Some("/e/attrs".into()),
             },
             extra: NoExtraArgs {},
         }),
@@ -438,4 +444,30 @@ fn render_empty_pool() {
     let value: serde_json::Value = serde_json::from_str(&text).expect("parses");
     assert_eq!(value["items"][0]["spec"]["pool"]["resourceSliceCount"], 1);
     assert_eq!(value["items"][0]["spec"].get("devices"), None);
+}
+
+/// Device attributes files: on by default, `--device-attributes-files=false`
+/// (or the bare flag, `true`) and a host directory of its own.
+#[test]
+fn device_attributes_flags() {
+    let o = run_of(parse(&["x", "--node-name", "n1"]).expect("parse"))
+        .runtime_options(&[], Registry::new());
+    assert!(o.device_attributes.enabled);
+    assert_eq!(o.device_attributes.host_dir, None);
+    let cases = [
+        (vec!["--device-attributes-files=false"], false),
+        (vec!["--device-attributes-files", "false"], false),
+        (vec!["--device-attributes-files"], true),
+    ];
+    for (flags, want) in cases {
+        let mut args = vec!["x", "--node-name", "n1"];
+        args.extend(&flags);
+        let o = run_of(parse(&args).expect("parse")).runtime_options(&[], Registry::new());
+        assert_eq!(o.device_attributes.enabled, want, "{flags:?}");
+    }
+    let o = run_of(
+        parse(&["x", "--node-name", "n1", "--device-attributes-root", "/a"]).expect("parse"),
+    )
+    .runtime_options(&[], Registry::new());
+    assert_eq!(o.device_attributes.host_dir, Some(PathBuf::from("/a")));
 }
