@@ -17,6 +17,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use prometheus::Registry;
 
 use crate::daemon::ops::DEFAULT_METRICS_ADDRESS;
+use crate::daemon::request_deadline::DEFAULT_API_REQUEST_TIMEOUT;
 use crate::daemon::rescan::{DEFAULT_RESCAN_INTERVAL, RescanConfig, UEVENT_SETTLE};
 use crate::daemon::runtime::RuntimeOptions;
 use crate::kubelet::plugin::DEFAULT_DEVICE_RELEASE_WAIT;
@@ -130,6 +131,12 @@ pub(crate) struct RunArgs {
     /// before kubelet unprepared it) before refusing; 0 refuses at once.
     #[arg(long, env = "DEVICE_RELEASE_WAIT_SECONDS", default_value_t = DEFAULT_DEVICE_RELEASE_WAIT.as_secs())]
     pub device_release_wait: u64,
+    /// Seconds each API request that is not a watch may take, answer
+    /// included (slice writes, Node reads and patches, claim reads); a
+    /// request past it fails and is retried like any API error.
+    #[arg(long, env = "API_REQUEST_TIMEOUT_SECONDS", default_value_t = DEFAULT_API_REQUEST_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub api_request_timeout: u64,
     /// Write each prepared claim's device attributes files and mount them
     /// read-only into its containers; `false`: neither.
     #[arg(long, env = "DEVICE_ATTRIBUTES_FILES", default_value_t = true,
@@ -190,6 +197,7 @@ impl<X: Args> RunCommand<X> {
             metrics,
             device_release_wait: Duration::from_secs(self.run.device_release_wait),
             managed_node_labels: &[],
+            api_request_timeout: Duration::from_secs(self.run.api_request_timeout),
             device_attributes: crate::prepare::attributes_file::AttributeFiles {
                 enabled: self.run.device_attributes_files,
                 host_dir: self.run.device_attributes_root.clone(),

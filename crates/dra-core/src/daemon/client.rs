@@ -5,8 +5,25 @@
 //! Apart from [`crate::daemon::cli`] (which re-exports it, its public path) because
 //! the runtime needs a client and the command line builds the runtime's
 //! options: with the client in `cli`, the two modules imported each other.
+//!
+//! Every client is bounded: connecting (TCP and TLS) gets
+//! [`CONNECT_TIMEOUT`], each read of a connection [`READ_TIMEOUT`] (longer
+//! than a quiet watch lasts, so a watch is never cut by it), and every
+//! request that is not a watch a deadline of its own
+//! ([`crate::daemon::request_deadline`], `--api-request-timeout`).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::daemon::request_deadline::RequestDeadlineLayer;
+
+/// Longest a connection to the API server may take to open, TLS included.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a connection may go without a byte arriving while a request
+/// waits on it: above the 290 s a watch asks the server to stay open
+/// (`timeoutSeconds`), and kube's 5 s margin on top, so only a dead
+/// connection reaches it.
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// No usable cluster configuration.
 #[derive(Debug, thiserror::Error)]
@@ -35,14 +52,18 @@ pub(crate) enum ClientError {
 
 /// Builds a client: an explicit `--kubeconfig` (or `KUBECONFIG`, its env twin)
 /// wins; otherwise the in-cluster service account; otherwise the default
-/// kubeconfig (`~/.kube/config`).
-pub(crate) async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
+/// kubeconfig (`~/.kube/config`). Each non-watch request gets
+/// `request_timeout`. Nothing is sent to the API server here.
+pub(crate) async fn kube_client(
+    kubeconfig: Option<&Path>,
+    request_timeout: Duration,
+) -> Result<kube::Client, ClientError> {
     // rustls refuses to guess when feature unification compiles in more than
     // one crypto provider (a dependency can pull in aws-lc-rs next to kube's
     // ring); pick ring for the whole process. Err only means one is already set.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let options = kube::config::KubeConfigOptions::default();
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let wrap = |source| ClientError::Kubeconfig {
                 path: path.to_owned(),
@@ -65,7 +86,14 @@ pub(crate) async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Clien
             }
         },
     };
-    Ok(kube::Client::try_from(config)?)
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
+    // The read timeout counts from the request, not from when its pooled
+    // connection last saw a byte.
+    config.reset_reader_on_write = true;
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&RequestDeadlineLayer::new(request_timeout))
+        .build())
 }
 
 #[cfg(test)]
@@ -75,7 +103,7 @@ mod tests {
     #[tokio::test]
     async fn explicit_kubeconfig_errors_name_the_file() {
         let missing = Path::new("/nonexistent/kubeconfig");
-        let err = kube_client(Some(missing))
+        let err = kube_client(Some(missing), Duration::from_secs(1))
             .await
             .err()
             .expect("missing file");
@@ -88,7 +116,9 @@ mod tests {
              contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\nusers:\n- name: u\n  user:\n    token: t\n",
         )
         .expect("write");
-        let client = kube_client(Some(&file)).await.expect("client from file");
+        let client = kube_client(Some(&file), Duration::from_secs(1))
+            .await
+            .expect("client from file");
         assert_eq!(client.default_namespace(), "default");
     }
 }

@@ -10,10 +10,12 @@
 //! The last step of the data flow: it may import from every other top-level
 //! module, and none of them may import from it.
 
+pub(crate) mod apiserver;
 pub(crate) mod cli;
 pub(crate) mod client;
 pub(crate) mod ops;
 pub(crate) mod ready;
+pub(crate) mod request_deadline;
 pub(crate) mod rescan;
 pub(crate) mod runner;
 pub(crate) mod runtime;

@@ -1,121 +1,151 @@
-//! When the driver is ready: kubelet has registered the plugin and the
-//! node's slices have been published (reconciled once). Until then
-//! `/readyz` answers 503, so a DaemonSet rolling update (`maxSurge: 1`,
-//! `maxUnavailable: 0`) keeps the old pod until the new one can really
-//! serve: kubelet has a plugin to call and the scheduler sees the devices.
+//! When the driver is ready: the API server has answered (the Node was
+//! read), kubelet has registered the plugin and the node's slices have been
+//! published (reconciled once). Until then `/readyz` answers 503 and says
+//! which of these it still waits for, and the gauge
+//! `aws_dra_waiting_for{what}` shows the same, so a DaemonSet rolling update
+//! (`maxSurge: 1`, `maxUnavailable: 0`) keeps the old pod until the new one
+//! can really serve, and an operator sees why a pod is not ready (an
+//! unreachable API server is one line of `/readyz`, not a guess).
 //!
-//! Both facts come as lifecycle signals from the components that know them:
-//! the plugin's registration service ([`RunningPlugin::registered`], set by
-//! kubelet's `NotifyRegistrationStatus`) and the publisher
+//! The facts come as lifecycle signals from the components that know them:
+//! the runtime after its Node read, the plugin's registration service
+//! ([`RunningPlugin::registered`], set by kubelet's
+//! `NotifyRegistrationStatus`) and the publisher
 //! (`PublisherConfig::published`, set on its first successful reconcile).
-//! The same moments set `aws_dra_plugin_registered` and
-//! `aws_dra_publish_last_success_timestamp_seconds`, the numbers an operator
-//! sees; the gate no longer reads metric names.
 //!
 //! [`RunningPlugin::registered`]: crate::kubelet::plugin::RunningPlugin::registered
 
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use prometheus::{IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 
 use crate::daemon::ops::Readiness;
 
-/// Sets `readiness` once `registered` and `published` are both `true`;
-/// returns then (readiness is a gate for rollouts, not a health signal:
-/// `/readyz` also runs the liveness self-check). Returns without setting it
-/// if either sender goes away first (the plugin or the publisher stopped).
-pub(crate) async fn mark_when_serving(
-    mut registered: watch::Receiver<bool>,
-    mut published: watch::Receiver<bool>,
-    readiness: Readiness,
-) {
-    if !(*registered.borrow() && *published.borrow()) {
-        tracing::info!("not ready yet: waiting for kubelet's registration and the first publish");
+/// What readiness waits for, in the order a start meets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Awaited {
+    /// The first answer of the API server (the driver's Node read): until
+    /// then prepare is refused and nothing is published.
+    ApiServer,
+    /// kubelet's registration of the plugin.
+    Registration,
+    /// The first successful reconcile of the node's slices.
+    FirstPublish,
+}
+
+impl Awaited {
+    const ALL: [Awaited; 3] = [
+        Awaited::ApiServer,
+        Awaited::Registration,
+        Awaited::FirstPublish,
+    ];
+
+    /// The `what` label of `aws_dra_waiting_for`.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Awaited::ApiServer => "apiserver",
+            Awaited::Registration => "kubelet_registration",
+            Awaited::FirstPublish => "first_publish",
+        }
     }
-    loop {
-        let both = *registered.borrow_and_update() && *published.borrow_and_update();
-        if both {
-            readiness.set(true);
-            tracing::info!("ready: kubelet registered the plugin and the slices are published");
+
+    fn words(self) -> &'static str {
+        match self {
+            Awaited::ApiServer => {
+                "the API server (the Node is not read yet: prepare is refused, nothing is published)"
+            }
+            Awaited::Registration => "kubelet's registration of the plugin",
+            Awaited::FirstPublish => "the first publish of the node's ResourceSlices",
+        }
+    }
+}
+
+/// What the start still waits for: `/readyz` says it in words, the gauge
+/// `aws_dra_waiting_for{what}` is 1 for each (0 once done), and readiness
+/// is set when nothing is left.
+#[derive(Debug, Clone)]
+pub(crate) struct StartupWaits {
+    pending: Arc<Mutex<BTreeSet<Awaited>>>,
+    gauge: IntGaugeVec,
+    readiness: Readiness,
+}
+
+impl StartupWaits {
+    /// Everything pending; registers the gauge in `registry`.
+    pub(crate) fn register(
+        registry: &Registry,
+        readiness: Readiness,
+    ) -> Result<Self, prometheus::Error> {
+        let gauge = IntGaugeVec::new(
+            Opts::new(
+                "aws_dra_waiting_for",
+                "1 while the driver's start waits for `what` (apiserver, kubelet_registration, \
+                 first_publish), 0 once it came",
+            ),
+            &["what"],
+        )?;
+        registry.register(Box::new(gauge.clone()))?;
+        for what in Awaited::ALL {
+            gauge.with_label_values(&[what.label()]).set(1);
+        }
+        let waits = Self {
+            pending: Arc::new(Mutex::new(Awaited::ALL.into_iter().collect())),
+            gauge,
+            readiness,
+        };
+        waits.describe(&waits.lock());
+        Ok(waits)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<Awaited>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn describe(&self, pending: &BTreeSet<Awaited>) {
+        let words: Vec<&str> = pending.iter().map(|w| w.words()).collect();
+        self.readiness.set_waiting_for(words.join("; "));
+    }
+
+    /// `what` came; ready when it was the last.
+    pub(crate) fn done(&self, what: Awaited) {
+        let mut pending = self.lock();
+        if !pending.remove(&what) {
             return;
         }
-        tokio::select! {
-            changed = registered.changed() => if changed.is_err() { return },
-            changed = published.changed() => if changed.is_err() { return },
+        self.gauge.with_label_values(&[what.label()]).set(0);
+        self.describe(&pending);
+        if pending.is_empty() {
+            self.readiness.set(true);
+            tracing::info!(
+                "ready: the API server answered, kubelet registered the plugin and the slices are published"
+            );
+        } else {
+            let left: Vec<&str> = pending.iter().map(|w| w.label()).collect();
+            tracing::info!(came = what.label(), waiting_for = ?left, "not ready yet");
         }
+    }
+
+    /// Whether `what` is still awaited.
+    #[cfg(test)]
+    pub(crate) fn is_waiting_for(&self, what: Awaited) -> bool {
+        self.lock().contains(&what)
+    }
+}
+
+/// Marks `what` done in `waits` once `signal` is `true` (the plugin's
+/// registration, the publisher's first sync); returns then, or without
+/// marking it if the sender goes away first (the component stopped).
+pub(crate) async fn mark_when(
+    mut signal: watch::Receiver<bool>,
+    what: Awaited,
+    waits: StartupWaits,
+) {
+    if signal.wait_for(|done| *done).await.is_ok() {
+        waits.done(what);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-
-    async fn settle() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-
-    #[tokio::test]
-    async fn ready_only_once_registered_and_published() {
-        let (registered, registered_rx) = watch::channel(false);
-        let (published, published_rx) = watch::channel(false);
-        let readiness = Readiness::default();
-        let task = tokio::spawn(mark_when_serving(
-            registered_rx,
-            published_rx,
-            readiness.clone(),
-        ));
-        settle().await;
-        assert!(!readiness.is_ready(), "nothing yet");
-        published.send_replace(true);
-        settle().await;
-        assert!(!readiness.is_ready(), "published, not registered");
-        registered.send_replace(false);
-        settle().await;
-        assert!(
-            !readiness.is_ready(),
-            "a rejected registration is not ready"
-        );
-        registered.send_replace(true);
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(readiness.is_ready());
-    }
-
-    #[tokio::test]
-    async fn a_stopped_component_ends_the_wait_unready() {
-        let (registered, registered_rx) = watch::channel(true);
-        let (published, published_rx) = watch::channel(false);
-        let readiness = Readiness::default();
-        let task = tokio::spawn(mark_when_serving(
-            registered_rx,
-            published_rx,
-            readiness.clone(),
-        ));
-        drop(published);
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(!readiness.is_ready());
-        drop(registered);
-    }
-
-    /// The signals come from the components themselves: a publisher config
-    /// hands out receivers of its one flag, unset at first.
-    #[test]
-    fn the_publisher_signal_starts_unset() {
-        let metrics =
-            crate::publish::publisher::PublishMetrics::register(&prometheus::Registry::new())
-                .unwrap();
-        let config = crate::publish::publisher::PublisherConfig::new(
-            "efa.networking.k8s.aws",
-            "n",
-            None,
-            metrics,
-        )
-        .unwrap();
-        assert!(!*config.published().borrow());
-    }
-}
+mod tests;

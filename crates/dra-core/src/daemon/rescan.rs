@@ -260,6 +260,18 @@ impl<I: DeviceInventory> Rescanner<I> {
         self.lock().driver()
     }
 
+    /// Hands the inventory what only the API server knows (the Node's
+    /// labels, what the API accepts); the next [`Self::rescan`] uses it.
+    pub(crate) fn set_cluster_facts(
+        &self,
+        node_labels: &std::collections::BTreeMap<String, String>,
+        support: &crate::scan::inventory::ApiSupport,
+    ) {
+        let mut inventory = self.lock();
+        inventory.set_node_labels(node_labels);
+        inventory.set_api_support(support);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, I> {
         // A poisoned lock means a scan panicked; the inventory holds only
         // caches that the next scan rebuilds.
@@ -357,7 +369,17 @@ impl<I: DeviceInventory> Rescanner<I> {
     /// receiver of the device feed is gone. The caller has already scanned
     /// once ([`Trigger::Start`]).
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
-    pub async fn run(self, mut triggers: mpsc::Receiver<Trigger>, config: RescanConfig) {
+    pub async fn run(self, triggers: mpsc::Receiver<Trigger>, config: RescanConfig) {
+        self.serve_triggers(triggers, config).await
+    }
+
+    /// [`Self::run`] on a shared rescanner: the daemon rescans once more
+    /// itself when the API server has answered.
+    pub(crate) async fn serve_triggers(
+        &self,
+        mut triggers: mpsc::Receiver<Trigger>,
+        config: RescanConfig,
+    ) {
         let mut interval = tokio::time::interval(config.interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         interval.tick().await; // the first tick is immediate

@@ -236,7 +236,7 @@ pub(crate) async fn serve_until<I: DeviceInventory>(
         Box::pin(async move {
             let labels = node.metadata.labels.clone().unwrap_or_default();
             let support = if wants_probe {
-                crate::publish::api_probe::probe_partitionable_devices(
+                crate::publish::api_probe::probe(
                     &client,
                     &driver_name,
                     &node_name,

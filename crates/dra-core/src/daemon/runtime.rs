@@ -1,40 +1,51 @@
 //! One driver process: the kubelet plugin, the slice publisher and the
 //! `/metrics` + `/healthz` server, started together and stopped together.
 //!
-//! The order matters for operators: the Node is read first ([`connect`],
-//! before the first scan: owner reference, the labels a scan may use, and
-//! the refusal to run beside the classic device plugin, which would hand
-//! the same device out twice); then the kubelet sockets are bound, so that a
-//! registration never points at a plugin that is not serving; then slices
-//! are published. SIGTERM or SIGINT cancels everything; the plugin removes
-//! its sockets on the way out, which is how kubelet learns it is gone. An
-//! unreachable API server never stops the kubelet sockets: the publisher
-//! retries with backoff while prepared claims keep working.
+//! The order matters for operators. The kubelet sockets are bound first,
+//! from local state only (the first scan, the checkpoint), so a node whose
+//! API server is unreachable at boot still has a plugin: unprepare runs
+//! from the checkpoint and kubelet gets device health (the socket is bound
+//! before its registration, so a registration never points at a plugin
+//! that is not serving). The ops server comes next, so `/readyz` and
+//! `aws_dra_waiting_for` say what the start waits for. Then the Node is read,
+//! retried for as long as it takes ([`crate::daemon::apiserver`]); until it
+//! is, prepare answers each claim with an error that says the API server
+//! has not answered (kubelet retries) and nothing is published. Once read:
+//! the refusal to run beside the classic device plugin (which would hand
+//! the same device out twice; it comes before any prepare or publish), the
+//! Node's labels and the API probe reach the scan, one rescan, and only then
+//! prepare opens and the slices are published. SIGTERM or SIGINT cancels
+//! everything; the plugin removes its sockets on the way out, which is how
+//! kubelet learns it is gone. An unreachable API server never stops the
+//! kubelet sockets: the publisher retries with backoff while prepared
+//! claims keep working.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Node;
 use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::daemon::apiserver::{ApiServerGate, NODE_READ_BACKOFF};
 use crate::daemon::client::{ClientError, kube_client};
 use crate::daemon::ops::{HealthProbe, OpsError, OpsServer, Readiness};
+use crate::daemon::ready::{Awaited, StartupWaits, mark_when};
 use crate::daemon::rescan::DeviceFeeds;
 use crate::kubelet::plugin::{KubeletPlugin, PluginError, PluginOptions};
 use crate::kubelet::self_check::self_check;
-use crate::prepare::claims::KubeClaimSource;
+use crate::prepare::claims::{ClaimSource, KubeClaimSource};
 use crate::prepare::driver::Driver;
 use crate::prepare::metrics::PluginMetrics;
-use crate::publish::BackoffConfig;
 use crate::publish::node::{NodeError, device_plugin_resources_present, get_node, node_owner};
 use crate::publish::publisher::{self, PublishMetrics, PublisherConfig, PublisherConfigError};
 
-/// How many times the Node is read at start before giving up (with backoff,
-/// about two minutes in all): a node whose API server is down at boot should
-/// come up once it is back, not crash-loop at once.
-const NODE_READ_ATTEMPTS: u32 = 8;
+/// What the daemon does with the Node once the API server answered,
+/// before prepare opens and publishing starts: hand the Node's labels and
+/// the API probe to the scan and rescan (the runner's part).
+pub(crate) type OnNode = Box<dyn FnOnce(kube::Client, Node) -> BoxFuture<'static, ()> + Send>;
 
 /// What [`run`] needs to know (the runner builds it from the command line,
 /// see `cli::RunCommand::runtime_options`).
@@ -70,40 +81,11 @@ pub(crate) struct RuntimeOptions {
     /// Node label keys the driver manages ([`crate::publish::node_labels`]); empty:
     /// the Node is never written.
     pub managed_node_labels: &'static [&'static str],
+    /// Deadline of each API request that is not a watch
+    /// ([`crate::daemon::request_deadline`]).
+    pub api_request_timeout: std::time::Duration,
     /// Device attributes files in containers (on/off, host directory).
     pub device_attributes: crate::prepare::attributes_file::AttributeFiles,
-}
-
-/// The API server connection and this node's Node as read at start-up.
-pub(crate) struct Cluster {
-    pub client: kube::Client,
-    pub node: Node,
-}
-
-impl Cluster {
-    /// The Node's labels.
-    pub(crate) fn node_labels(&self) -> std::collections::BTreeMap<String, String> {
-        self.node.metadata.labels.clone().unwrap_or_default()
-    }
-}
-
-/// Connects and reads the Node (retried with backoff), refusing to go on
-/// beside the classic device plugin of the same hardware.
-pub(crate) async fn connect(options: &RuntimeOptions) -> Result<Cluster, RuntimeError> {
-    let client = kube_client(options.kubeconfig.as_deref()).await?;
-    let node = get_node(
-        &client,
-        &options.node_name,
-        NODE_READ_ATTEMPTS,
-        BackoffConfig::default(),
-    )
-    .await?;
-    check_device_plugin_coexistence(
-        &node,
-        options.device_plugin_resources,
-        options.allow_device_plugin_coexistence,
-    )?;
-    Ok(Cluster { client, node })
 }
 
 impl RuntimeOptions {
@@ -155,46 +137,44 @@ pub(crate) enum RuntimeError {
     Ops(#[from] OpsError),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("the cluster side of the driver failed: {0}")]
+    ClusterSide(tokio::task::JoinError),
 }
 
 /// Runs the driver until SIGTERM/SIGINT; see the module docs for the order.
 /// `feeds` carry the devices to publish and their health for kubelet (the
-/// rescan loop keeps them current).
+/// rescan loop keeps them current); `on_node` runs once the Node is read.
 pub(crate) async fn run<D: Driver>(
     driver: D,
     feeds: DeviceFeeds,
     options: RuntimeOptions,
-    cluster: Cluster,
+    on_node: OnNode,
     shutdown: CancellationToken,
 ) -> Result<(), RuntimeError> {
     let node_name = options.node_name.clone();
     let driver_name = options.driver_name.clone();
-    let node_labels_now = cluster.node_labels();
-    let Cluster { client, node } = cluster;
-    let owner = node_owner(&node)?;
+    // Built from the configuration alone: nothing is sent yet.
+    let client = kube_client(options.kubeconfig.as_deref(), options.api_request_timeout).await?;
 
     let registry = options.metrics.clone();
     let plugin_metrics = PluginMetrics::register(&registry)?;
     let publish_metrics = PublishMetrics::register(&registry)?;
+    let readiness = Readiness::default();
+    let waits = StartupWaits::register(&registry, readiness.clone())?;
 
-    // Its own client and connection (see KubeClaimSource::new), opened
-    // while the sockets are bound and the slices published: no prepare can
-    // come before kubelet registered the plugin and the scheduler saw the
-    // slices, so the start need not wait for a TLS handshake. A prepare
-    // that came first anyway would open a connection of its own.
-    let claims = Arc::new(KubeClaimSource::new(
-        kube_client(options.kubeconfig.as_deref()).await?,
-    ));
-    tokio::spawn({
-        let claims = Arc::clone(&claims);
-        async move { claims.warm_up().await }
-    });
+    // Its own client and connection (see KubeClaimSource::new), behind the
+    // gate that refuses prepares until the API server has answered.
+    let claim_client = KubeClaimSource::new(
+        kube_client(options.kubeconfig.as_deref(), options.api_request_timeout).await?,
+    );
+    let gate = ApiServerGate::default();
+    let claims: Arc<dyn ClaimSource> = Arc::new(gate.guard(Arc::new(claim_client.clone())));
     let mut plugin_options = options.plugin_options();
     plugin_options.device_attributes = plugin_options
         .device_attributes
         .with_source(published_attributes(feeds.devices.clone()));
     let plugin = KubeletPlugin::new(driver, claims, plugin_options, plugin_metrics)
-        .with_health(feeds.health)
+        .with_health(feeds.health.clone())
         .start(shutdown.clone())
         .await?;
     let sockets = plugin.sockets.clone();
@@ -203,19 +183,14 @@ pub(crate) async fn run<D: Driver>(
         node = %node_name,
         registration = %sockets.registration.display(),
         plugin = %sockets.plugin.display(),
-        "kubelet plugin serving"
+        "kubelet plugin serving (unprepare from the checkpoint; prepare once the API server answered)"
     );
-
-    let config = PublisherConfig::new(&driver_name, &node_name, Some(owner), publish_metrics)?;
-    // Ready (for rollouts) once kubelet registered the plugin and the
-    // slices are published: the two lifecycle signals, see
-    // `crate::daemon::ready`.
-    let readiness = Readiness::default();
-    let ready_task = tokio::spawn(crate::daemon::ready::mark_when_serving(
+    let registration_task = tokio::spawn(mark_when(
         plugin.registered.clone(),
-        config.published(),
-        readiness.clone(),
+        Awaited::Registration,
+        waits.clone(),
     ));
+
     let probe = {
         let sockets = sockets.clone();
         HealthProbe::new(move || {
@@ -228,19 +203,128 @@ pub(crate) async fn run<D: Driver>(
             }
         })
     };
-    let ops = OpsServer::bind(options.metrics_address, registry, probe, readiness).await?;
+    let ops = match OpsServer::bind(options.metrics_address, registry, probe, readiness).await {
+        Ok(ops) => ops,
+        Err(error) => {
+            shutdown.cancel();
+            let _ = plugin.wait().await;
+            return Err(error.into());
+        }
+    };
     if let Some(address) = ops.local_addr() {
         tracing::info!(%address, "serving /metrics, /healthz and /readyz");
     }
     let ops_task = tokio::spawn(ops.serve(shutdown.clone().cancelled_owned()));
 
+    let cluster_side = tokio::spawn(serve_cluster(
+        ClusterSide {
+            client,
+            claim_client,
+            gate,
+            waits,
+            feeds,
+            publish_metrics,
+            on_node,
+        },
+        options,
+        shutdown.clone(),
+    ));
+
+    let plugin_done = plugin.wait();
+    tokio::pin!(plugin_done);
+    let mut cluster_side = cluster_side;
+    // The plugin only returns on shutdown or a fatal serving error; the
+    // cluster side early only when it refuses to go on (the classic device
+    // plugin on this node). Either way the rest goes down with it.
+    let result = tokio::select! {
+        plugin = &mut plugin_done => {
+            shutdown.cancel();
+            let cluster = join_cluster_side(cluster_side.await);
+            plugin.map_err(RuntimeError::from).and(cluster)
+        }
+        cluster = &mut cluster_side => {
+            shutdown.cancel();
+            let plugin = plugin_done.await;
+            join_cluster_side(cluster).and(plugin.map_err(RuntimeError::from))
+        }
+    };
+    registration_task.abort();
+    let _ = ops_task.await;
+    tracing::info!(driver = %driver_name, node = %node_name, "stopped");
+    result
+}
+
+fn join_cluster_side(
+    joined: Result<Result<(), RuntimeError>, tokio::task::JoinError>,
+) -> Result<(), RuntimeError> {
+    joined.map_err(RuntimeError::ClusterSide)?
+}
+
+/// What the cluster side of the daemon works with.
+struct ClusterSide {
+    client: kube::Client,
+    claim_client: KubeClaimSource,
+    gate: ApiServerGate,
+    waits: StartupWaits,
+    feeds: DeviceFeeds,
+    publish_metrics: PublishMetrics,
+    on_node: OnNode,
+}
+
+/// Reads the Node (for as long as it takes), checks it, lets the runner
+/// apply it, opens prepare and publishes until `shutdown`.
+async fn serve_cluster(
+    side: ClusterSide,
+    options: RuntimeOptions,
+    shutdown: CancellationToken,
+) -> Result<(), RuntimeError> {
+    let ClusterSide {
+        client,
+        claim_client,
+        gate,
+        waits,
+        feeds,
+        publish_metrics,
+        on_node,
+    } = side;
+    let node_name = options.node_name.clone();
+    let read = get_node(&client, &node_name, NODE_READ_BACKOFF, |failures| {
+        if failures == 1 {
+            tracing::warn!(node = %node_name, "the API server does not answer; kubelet is served from local state (unprepare works, prepare waits) until it does");
+        }
+    });
+    let node = tokio::select! {
+        node = read => node,
+        () = shutdown.cancelled() => return Ok(()),
+    };
+    check_device_plugin_coexistence(
+        &node,
+        options.device_plugin_resources,
+        options.allow_device_plugin_coexistence,
+    )?;
+    let owner = node_owner(&node)?;
+    let node_labels_now = node.metadata.labels.clone().unwrap_or_default();
+    tokio::select! {
+        () = on_node(client.clone(), node) => {}
+        () = shutdown.cancelled() => return Ok(()),
+    }
+    gate.open();
+    waits.done(Awaited::ApiServer);
+    tokio::spawn(async move { claim_client.warm_up().await });
+
+    let config = PublisherConfig::new(
+        &options.driver_name,
+        &node_name,
+        Some(owner),
+        publish_metrics,
+    )?;
+    let publish_task = tokio::spawn(mark_when(config.published(), Awaited::FirstPublish, waits));
     let publisher_task = tokio::spawn(publisher::run(
         client.clone(),
         config,
         feeds.devices,
         shutdown.clone().cancelled_owned(),
     ));
-
     let labels_task = (!options.managed_node_labels.is_empty()).then(|| {
         tokio::spawn(crate::publish::node_labels::run(
             client.clone(),
@@ -251,19 +335,12 @@ pub(crate) async fn run<D: Driver>(
             shutdown.clone(),
         ))
     });
-
-    let result = plugin.wait().await;
-    // The plugin only returns on shutdown or a fatal serving error; either
-    // way the rest of the process goes down with it.
-    shutdown.cancel();
-    ready_task.abort();
     let _ = publisher_task.await;
-    let _ = ops_task.await;
+    publish_task.abort();
     if let Some(task) = labels_task {
         let _ = task.await;
     }
-    tracing::info!(driver = %driver_name, node = %node_name, "stopped");
-    Ok(result?)
+    Ok(())
 }
 
 /// Refuses to run beside the classic device plugin of the same hardware

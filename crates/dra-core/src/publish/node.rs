@@ -3,60 +3,55 @@
 //! The publisher needs the Node's UID for the owner reference on its slices,
 //! and the drivers refuse to start next to the classic device plugin for the
 //! same hardware (it would hand the same device out twice). Both read the Node
-//! once at start-up; the GET is retried with backoff because a DaemonSet pod
-//! can start while the API server is briefly unreachable.
+//! once at start-up. The GET is retried with capped backoff for as long as it
+//! takes: a node rebooted during a control-plane outage must come up serving
+//! kubelet from local state and catch up when the API server is back, not
+//! crash-loop (the daemon serves kubelet meanwhile, see `daemon::runtime`).
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use crate::publish::{Backoff, BackoffConfig, NodeOwner};
 
-/// The Node could not be read.
+/// The Node's owner reference could not be made.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum NodeError {
-    /// Every attempt failed; carries the last error.
-    #[error("reading Node {node:?} failed after {attempts} attempts: {source}")]
-    Get {
-        /// Node name.
-        node: String,
-        /// Attempts made.
-        attempts: u32,
-        /// Last error.
-        #[source]
-        source: kube::Error,
-    },
     /// The Node has no UID (not a stored object).
     #[error("Node {0:?} has no metadata.uid")]
     NoUid(String),
 }
 
-/// GETs the Node `name`, retrying up to `attempts` times (at least once) with
-/// capped exponential backoff and jitter.
+/// GETs the Node `name`, retrying every failure with capped exponential
+/// backoff and jitter until it succeeds; `failed` is called with the number
+/// of failures so far after each one (the daemon counts them). Dropping
+/// the future stops it.
 pub(crate) async fn get_node(
     client: &kube::Client,
     name: &str,
-    attempts: u32,
     backoff: BackoffConfig,
-) -> Result<Node, NodeError> {
+    mut failed: impl FnMut(u64),
+) -> Node {
     let api: Api<Node> = Api::all(client.clone());
-    let attempts = attempts.max(1);
     let mut delays = Backoff::new(backoff);
-    let mut attempt = 1;
+    let mut failures = 0u64;
     loop {
         match api.get(name).await {
-            Ok(node) => return Ok(node),
-            Err(source) if attempt >= attempts => {
-                return Err(NodeError::Get {
-                    node: name.to_owned(),
-                    attempts,
-                    source,
-                });
+            Ok(node) => {
+                if failures > 0 {
+                    tracing::info!(
+                        node = name,
+                        failures,
+                        "read the Node: the API server answers"
+                    );
+                }
+                return node;
             }
             Err(error) => {
+                failures += 1;
+                failed(failures);
                 let delay = delays.next_delay();
-                tracing::warn!(node = name, attempt, %error, retry_in_ms = delay.as_millis() as u64, "reading Node failed; retrying");
+                tracing::warn!(node = name, attempt = failures, %error, retry_in_ms = delay.as_millis() as u64, "reading Node failed; serving kubelet from local state and retrying");
                 tokio::time::sleep(delay).await;
-                attempt += 1;
             }
         }
     }
@@ -181,6 +176,32 @@ pub(crate) mod tests {
         for (name, n, wanted, want) in cases {
             assert_eq!(device_plugin_resources_present(&n, wanted), want, "{name}");
         }
+    }
+
+    /// An API server that never comes: the read goes on retrying (the old
+    /// code gave up after 8 attempts, about two minutes) with delays capped
+    /// as configured, and never returns an error.
+    #[tokio::test(start_paused = true)]
+    async fn the_node_is_read_until_the_api_server_answers() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = closed.local_addr().unwrap();
+        drop(closed);
+        let config = kube::Config::new(format!("http://{address}").parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let failures = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = failures.clone();
+        let backoff = BackoffConfig {
+            initial: std::time::Duration::from_millis(500),
+            max: std::time::Duration::from_secs(15),
+        };
+        let read = get_node(&client, "n1", backoff, move |n| {
+            counted.store(n, std::sync::atomic::Ordering::SeqCst)
+        });
+        let outcome = tokio::time::timeout(std::time::Duration::from_secs(600), read).await;
+        assert!(outcome.is_err(), "the read returned without an API server");
+        // 600 s of delays of at most 15 s: at least 40 attempts.
+        let failures = failures.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(failures >= 40, "{failures} attempts");
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! `cfg_attr(not(feature = "testing"), allow(unreachable_pub))`: without this
 //! feature it is reachable from nowhere outside the crate.
 
+pub use crate::daemon::runner::run_in_process;
 pub use crate::daemon::rescan::{
     DeviceFeeds, PoolId, RescanConfig, RescanError, RescanMetrics, Rescanner, Trigger,
 };

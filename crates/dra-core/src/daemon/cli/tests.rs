@@ -114,6 +114,20 @@ fn device_release_wait_flag() {
     assert!(parse(&["x", "--node-name", "n1", "--device-release-wait", "-1"]).is_err());
 }
 
+/// `--api-request-timeout`: 30 s by default; 0 is refused (no request
+/// may go unbounded).
+#[test]
+fn api_request_timeout_flag() {
+    let r = run_of(parse(&["x", "--node-name", "n1"]).expect("parse"));
+    let o = r.runtime_options(&[], Registry::new());
+    assert_eq!(o.api_request_timeout, Duration::from_secs(30));
+    let r =
+        run_of(parse(&["x", "--node-name", "n1", "--api-request-timeout", "5"]).expect("parse"));
+    let o = r.runtime_options(&[], Registry::new());
+    assert_eq!(o.api_request_timeout, Duration::from_secs(5));
+    assert!(parse(&["x", "--node-name", "n1", "--api-request-timeout", "0"]).is_err());
+}
+
 #[test]
 fn runtime_options_from_flags() {
     let r = run_of(
@@ -200,6 +214,7 @@ fn env_twins_set_every_flag() {
         ("ALLOW_DEVICE_PLUGIN_COEXISTENCE", "true"),
         ("RESCAN_INTERVAL_SECONDS", "7"),
         ("DEVICE_RELEASE_WAIT_SECONDS", "3"),
+        ("API_REQUEST_TIMEOUT_SECONDS", "9"),
         ("DEVICE_ATTRIBUTES_FILES", "false"),
         ("DEVICE_ATTRIBUTES_ROOT", "/e/attrs"),
     ];
@@ -224,6 +239,7 @@ fn env_twins_set_every_flag() {
                 allow_device_plugin_coexistence: true,
                 rescan_interval: 7,
                 device_release_wait: 3,
+                api_request_timeout: 9,
                 device_attributes_files: false,
                 device_attributes_root: Some("/e/attrs".into()),
             },
