@@ -56,6 +56,7 @@ pub use prepare::driver::{
     AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
     PreparedDevice,
 };
+pub use prepare::status::{DeviceStatus, NetworkData};
 pub use publish::node::device_plugin_resources_present;
 pub use scan::attributes;
 /// What keeps a rescan at rest cheap: the last discovery, reused while its fingerprint holds.

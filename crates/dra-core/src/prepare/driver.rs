@@ -12,6 +12,7 @@ use std::future::Future;
 use std::path::Path;
 
 use crate::prepare::config::DriverConfig;
+use crate::prepare::status::DeviceStatus;
 
 /// A claim as kubelet names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -149,6 +150,19 @@ pub trait Driver: Send + Sync + 'static {
     /// name itself (every device its own piece).
     fn occupies(&self, device: &str) -> Vec<String> {
         vec![device.to_owned()]
+    }
+
+    /// What each prepared device's entry in the claim's `status.devices`
+    /// carries besides its `Ready` condition (`data`, `networkData`).
+    /// Called after `prepare` succeeded, off kubelet's call, with the same
+    /// devices; a device left out gets the condition only. Default: none.
+    fn device_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[AllocatedDevice<Self::Config>],
+    ) -> Vec<DeviceStatus> {
+        let _ = (claim, devices);
+        Vec::new()
     }
 
     /// Undo `prepare` for a claim, working only from what was recorded then

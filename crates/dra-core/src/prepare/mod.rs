@@ -23,3 +23,4 @@ pub(crate) mod lock;
 pub(crate) mod metrics;
 pub(crate) mod resolve;
 pub(crate) mod state;
+pub(crate) mod status;

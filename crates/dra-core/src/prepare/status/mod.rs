@@ -1,0 +1,184 @@
+//! Claim device status: after a claim is prepared, one entry per prepared
+//! device in the claim's `status.devices` (`resource.k8s.io/v1`, KEP-4817),
+//! with a `Ready` condition that follows the device's health, the driver's
+//! `data` and, for a network device, `networkData`; cleared at unprepare.
+//!
+//! Written by server-side apply to the `status` subresource with the driver
+//! name as field manager. `status.devices` is a list-map keyed by driver,
+//! pool, device and shareID, so each manager owns only its own entries: the
+//! EFA, Neuron and GPU drivers' entries of one claim coexist, and applying
+//! an empty set removes exactly ours. The API server drops the entries of
+//! deallocated devices itself, so a claim deallocated before our clear lands
+//! is already clean.
+//!
+//! Writing never fails or delays a prepare: the pipeline hands the claim as
+//! it read it to a bounded queue ([`ClaimStatus`]) after answering, and a
+//! task resolves it, asks the driver for its data and applies it, each claim
+//! through its own writer ([`writer`]) with a timeout per request and a
+//! bounded number of retries; failures and a full queue are counted in
+//! `aws_dra_plugin_claim_status_writes_total`.
+//!
+//! Limits: the entries of claims prepared by an earlier run of the driver are
+//! not rewritten on a health change until kubelet prepares them again (the
+//! checkpoint keeps no claim object to build them from).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::prepare::claims::ClaimSourceError;
+use crate::prepare::driver::{ClaimRef, Driver};
+
+pub(crate) mod api;
+pub(crate) mod entry;
+pub(crate) mod writer;
+
+pub(crate) use api::{KubeStatusApi, StatusApi, StatusMetrics};
+
+/// How many claim events may wait for the status task; beyond that an
+/// event is dropped and counted (prepare never waits for status).
+pub(crate) const QUEUE: usize = 1024;
+
+/// What a prepared device's entry in the claim's `status.devices` carries
+/// besides its `Ready` condition; a driver gives one per device it knows
+/// more about ([`Driver::device_status`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceStatus {
+    /// The device's name, as allocated.
+    pub device: String,
+    /// The entry's `data`: what a workload or an operator wants to know
+    /// about the device. At most 10 KiB as JSON (the API's limit); a larger
+    /// object is left out and logged.
+    pub data: serde_json::Map<String, serde_json::Value>,
+    /// The entry's `networkData`, for a device with a network interface.
+    pub network: Option<NetworkData>,
+}
+
+/// A network device's `networkData`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkData {
+    /// e.g. `eth1`; at most 256 characters.
+    pub interface_name: String,
+    /// The MAC address, e.g. `0a:1b:2c:3d:4e:5f`; at most 128 characters.
+    pub hardware_address: String,
+    /// Addresses in CIDR notation (`192.0.2.5/24`).
+    pub ips: Vec<String>,
+}
+
+/// Whether a published device is fit for use, as the health scan last saw
+/// it: what the `Ready` condition of its entries follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceReadiness {
+    pub(crate) pool: String,
+    pub(crate) device: String,
+    pub(crate) healthy: bool,
+    /// What failed, for the condition's message; empty when healthy.
+    pub(crate) message: String,
+}
+
+/// A claim the pipeline answered or released.
+pub(crate) enum Event {
+    Prepared {
+        claim: ClaimRef,
+        object: Box<ResourceClaim>,
+    },
+    Unprepared {
+        claim: ClaimRef,
+    },
+}
+
+/// The pipeline's end of the status task: cheap to clone; the default
+/// writes nothing (tests, or no API server).
+#[derive(Clone, Default)]
+pub(crate) struct ClaimStatus {
+    events: Option<mpsc::Sender<Event>>,
+    metrics: Option<StatusMetrics>,
+}
+
+impl ClaimStatus {
+    /// After a prepare call: every claim answered with devices gets its
+    /// entries (again, for one answered from the checkpoint: the task skips
+    /// what it already wrote). `fetched` is aligned with `requested`.
+    pub(crate) fn after_prepare<T>(
+        &self,
+        requested: &[ClaimRef],
+        fetched: &[Result<Option<ResourceClaim>, ClaimSourceError>],
+        answers: &BTreeMap<String, Result<T, String>>,
+    ) {
+        for (claim, fetched) in requested.iter().zip(fetched) {
+            let (Some(Ok(_)), Ok(Some(object))) = (answers.get(&claim.uid), fetched) else {
+                continue;
+            };
+            self.send(Event::Prepared {
+                claim: claim.clone(),
+                object: Box::new(object.clone()),
+            });
+        }
+    }
+
+    /// After an unprepare call: every claim released gets its entries
+    /// cleared.
+    pub(crate) fn after_unprepare(
+        &self,
+        requested: &[ClaimRef],
+        answers: &BTreeMap<String, Result<(), String>>,
+    ) {
+        for claim in requested {
+            if let Some(Ok(())) = answers.get(&claim.uid) {
+                self.send(Event::Unprepared {
+                    claim: claim.clone(),
+                });
+            }
+        }
+    }
+
+    fn send(&self, event: Event) {
+        let Some(events) = &self.events else { return };
+        if events.try_send(event).is_err() {
+            tracing::warn!("claim status queue full or closed; this status write is dropped");
+            if let Some(m) = &self.metrics {
+                m.write("dropped");
+            }
+        }
+    }
+}
+
+/// What the plugin needs to start the status task: where to write, the
+/// devices' readiness as the health scan reports it, the counter.
+pub(crate) struct StatusSetup {
+    pub(crate) api: Arc<dyn StatusApi>,
+    pub(crate) readiness: BoxStream<'static, Vec<DeviceReadiness>>,
+    pub(crate) metrics: StatusMetrics,
+}
+
+impl StatusSetup {
+    /// Starts the task (until `shutdown`) and returns the pipeline's end.
+    pub(crate) fn start<D: Driver>(
+        self,
+        driver: Arc<D>,
+        driver_name: &str,
+        pool: Option<String>,
+        shutdown: CancellationToken,
+    ) -> ClaimStatus {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let task = writer::Tracker::new(
+            driver,
+            driver_name.to_owned(),
+            pool,
+            self.api,
+            self.metrics.clone(),
+        );
+        tokio::spawn(task.run(rx, self.readiness, shutdown));
+        ClaimStatus {
+            events: Some(tx),
+            metrics: Some(self.metrics),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

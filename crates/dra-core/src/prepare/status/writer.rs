@@ -1,0 +1,357 @@
+//! The status task: what each claim's entries should say, and one writer per
+//! claim that applies it.
+//!
+//! The [`Tracker`] keeps the claims this process prepared (their devices,
+//! the driver's data, each device's readiness) and turns every event into
+//! the claim's desired entries: a prepare (the same devices and generation
+//! as already written: nothing), an unprepare (no entries), a health change
+//! of one of its devices (the `Ready` condition flips; its
+//! `lastTransitionTime` moves only then). A claim's writer applies only the
+//! latest desired state: one that arrives while a write waits for a retry
+//! replaces it. A claim released and prepared again gets a new writer that
+//! first waits for the old one, so a late clear never removes the new
+//! entries.
+//!
+//! Bounds: each request [`REQUEST_TIMEOUT`](crate::prepare::status::api::REQUEST_TIMEOUT);
+//! [`ATTEMPTS`] tries per desired state, [`FIRST_RETRY`] apart and doubling
+//! (about 31 s of waiting in all); at most [`MAX_CLAIMS`] claims tracked.
+//! A device missing from a health report keeps its last readiness.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::jiff::Timestamp;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::prepare::driver::{AllocatedDevice, ClaimRef, Driver};
+use crate::prepare::resolve::resolve_claim_with;
+use crate::prepare::status::api::{ApplyError, StatusApi, StatusMetrics};
+use crate::prepare::status::entry::{Slot, apply_body};
+use crate::prepare::status::{DeviceReadiness, Event};
+
+/// Tries per desired state of a claim.
+pub(crate) const ATTEMPTS: u32 = 6;
+/// The first wait between tries; each next one doubles.
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// Claims tracked at most (a node runs far fewer).
+pub(crate) const MAX_CLAIMS: usize = 4096;
+
+/// What a claim's entries should say; no slots: none of ours.
+#[derive(Clone, Debug)]
+pub(crate) struct Desired {
+    pub(crate) claim: ClaimRef,
+    pub(crate) generation: Option<i64>,
+    pub(crate) slots: Vec<Slot>,
+}
+
+struct Writer {
+    desired: watch::Sender<Desired>,
+    task: JoinHandle<()>,
+}
+
+/// The task's state; see the module docs.
+pub(crate) struct Tracker<D: Driver> {
+    driver: Arc<D>,
+    driver_name: String,
+    pool: Option<String>,
+    api: Arc<dyn StatusApi>,
+    metrics: StatusMetrics,
+    /// Readiness by (pool, device): healthy, what failed.
+    health: HashMap<(String, String), (bool, String)>,
+    /// What was last asked of each tracked claim's writer, by claim UID.
+    claims: HashMap<String, Desired>,
+    writers: HashMap<String, Writer>,
+    /// Writers of released claims still finishing their clear.
+    retiring: HashMap<String, JoinHandle<()>>,
+}
+
+impl<D: Driver> Tracker<D> {
+    pub(crate) fn new(
+        driver: Arc<D>,
+        driver_name: String,
+        pool: Option<String>,
+        api: Arc<dyn StatusApi>,
+        metrics: StatusMetrics,
+    ) -> Self {
+        Self {
+            driver,
+            driver_name,
+            pool,
+            api,
+            metrics,
+            health: HashMap::new(),
+            claims: HashMap::new(),
+            writers: HashMap::new(),
+            retiring: HashMap::new(),
+        }
+    }
+
+    /// Until `shutdown` or the pipeline's end is gone.
+    pub(crate) async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        mut readiness: BoxStream<'static, Vec<DeviceReadiness>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut readiness_open = true;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                event = events.recv() => match event {
+                    Some(event) => self.on_event(event),
+                    None => break,
+                },
+                list = readiness.next(), if readiness_open => match list {
+                    Some(list) => self.on_readiness(list),
+                    None => readiness_open = false,
+                },
+            }
+        }
+        for w in self.writers.into_values() {
+            w.task.abort();
+        }
+    }
+
+    pub(crate) fn on_event(&mut self, event: Event) {
+        match event {
+            Event::Prepared { claim, object } => {
+                let Some(desired) = self.desired_for(&claim, &object) else {
+                    return;
+                };
+                if self
+                    .claims
+                    .get(&claim.uid)
+                    .is_some_and(|d| same_devices(d, &desired))
+                {
+                    return;
+                }
+                if !self.claims.contains_key(&claim.uid) && self.claims.len() >= MAX_CLAIMS {
+                    tracing::warn!(claim = %claim, limit = MAX_CLAIMS, "too many claims tracked; no status for this one");
+                    self.metrics.write("dropped");
+                    return;
+                }
+                self.claims.insert(claim.uid.clone(), desired.clone());
+                self.write(desired);
+            }
+            Event::Unprepared { claim } => {
+                self.claims.remove(&claim.uid);
+                self.write(Desired {
+                    claim,
+                    generation: None,
+                    slots: Vec::new(),
+                });
+            }
+        }
+    }
+
+    /// The entries of a claim as prepared; `None` when it has no devices of
+    /// ours (or no longer resolves: prepare said why).
+    fn desired_for(
+        &self,
+        claim: &ClaimRef,
+        object: &k8s_openapi::api::resource::v1::ResourceClaim,
+    ) -> Option<Desired> {
+        let own = |device: &str| vec![device.to_owned()];
+        let resolved = resolve_claim_with::<D::Config>(
+            &self.driver_name,
+            self.pool.as_deref(),
+            claim,
+            Some(object),
+            &BTreeMap::new(),
+            &own,
+        )
+        .inspect_err(
+            |e| tracing::debug!(claim = %claim, error = %e, "no status: claim does not resolve"),
+        )
+        .ok()?;
+        if resolved.is_empty() {
+            return None;
+        }
+        let allocated: Vec<AllocatedDevice<D::Config>> =
+            resolved.iter().map(|r| r.allocated.clone()).collect();
+        let reports = self.driver.device_status(claim, &allocated);
+        let now = Timestamp::now();
+        let mut slots = Vec::new();
+        for r in &resolved {
+            let a = &r.allocated;
+            let report = reports.iter().find(|s| s.device == a.device).cloned();
+            let (healthy, health_message) = self
+                .health
+                .get(&(a.pool.clone(), a.device.clone()))
+                .cloned()
+                .unwrap_or((true, String::new()));
+            let shares: Vec<Option<String>> = if r.share_ids.is_empty() {
+                vec![None]
+            } else {
+                r.share_ids.iter().cloned().map(Some).collect()
+            };
+            for share_id in shares {
+                slots.push(Slot {
+                    pool: a.pool.clone(),
+                    device: a.device.clone(),
+                    share_id,
+                    report: report.clone(),
+                    healthy,
+                    health_message: health_message.clone(),
+                    since: now,
+                });
+            }
+        }
+        Some(Desired {
+            claim: claim.clone(),
+            generation: object.metadata.generation,
+            slots,
+        })
+    }
+
+    pub(crate) fn on_readiness(&mut self, list: Vec<DeviceReadiness>) {
+        let health: HashMap<(String, String), (bool, String)> = list
+            .into_iter()
+            .map(|r| ((r.pool, r.device), (r.healthy, r.message)))
+            .collect();
+        let now = Timestamp::now();
+        let mut changed = Vec::new();
+        for desired in self.claims.values_mut() {
+            let mut any = false;
+            for slot in &mut desired.slots {
+                let key = (slot.pool.clone(), slot.device.clone());
+                let Some((healthy, message)) = health.get(&key) else {
+                    continue;
+                };
+                if slot.healthy != *healthy {
+                    slot.since = now;
+                }
+                if slot.healthy != *healthy || slot.health_message != *message {
+                    slot.healthy = *healthy;
+                    slot.health_message = message.clone();
+                    any = true;
+                }
+            }
+            if any {
+                changed.push(desired.clone());
+            }
+        }
+        self.health.extend(health);
+        for desired in changed {
+            self.write(desired);
+        }
+    }
+
+    /// Hands `desired` to the claim's writer (started when there is none);
+    /// a clear retires the writer once it is done.
+    fn write(&mut self, desired: Desired) {
+        self.retiring.retain(|_, task| !task.is_finished());
+        let uid = desired.claim.uid.clone();
+        let clear = desired.slots.is_empty();
+        match self.writers.get(&uid) {
+            Some(w) => {
+                w.desired.send_replace(desired);
+            }
+            None => {
+                let before = self.retiring.remove(&uid);
+                let (tx, rx) = watch::channel(desired);
+                let task = tokio::spawn(write_claim(
+                    rx,
+                    before,
+                    self.api.clone(),
+                    self.driver_name.clone(),
+                    self.metrics.clone(),
+                ));
+                self.writers
+                    .insert(uid.clone(), Writer { desired: tx, task });
+            }
+        }
+        if clear && let Some(w) = self.writers.remove(&uid) {
+            self.retiring.insert(uid, w.task);
+        }
+    }
+}
+
+/// Whether two desired states name the same devices at the same generation
+/// (a repeated prepare of a claim already written).
+fn same_devices(a: &Desired, b: &Desired) -> bool {
+    let keys = |d: &Desired| -> Vec<(String, String, Option<String>)> {
+        d.slots
+            .iter()
+            .map(|s| (s.pool.clone(), s.device.clone(), s.share_id.clone()))
+            .collect()
+    };
+    a.generation == b.generation && keys(a) == keys(b)
+}
+
+/// One claim's writer: applies the latest desired state until its sender
+/// is gone; `before`: the writer of an earlier life of the claim.
+async fn write_claim(
+    mut rx: watch::Receiver<Desired>,
+    before: Option<JoinHandle<()>>,
+    api: Arc<dyn StatusApi>,
+    driver_name: String,
+    metrics: StatusMetrics,
+) {
+    if let Some(before) = before {
+        let _ = before.await;
+    }
+    loop {
+        let desired = rx.borrow_and_update().clone();
+        let superseded = apply_with_retries(&desired, &mut rx, &*api, &driver_name, &metrics).await;
+        if !superseded && rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Applies `desired` with the retries of the module docs; `true` when a
+/// newer desired state came while waiting to retry (it replaces this one).
+async fn apply_with_retries(
+    desired: &Desired,
+    rx: &mut watch::Receiver<Desired>,
+    api: &dyn StatusApi,
+    driver_name: &str,
+    metrics: &StatusMetrics,
+) -> bool {
+    let claim = &desired.claim;
+    let body = apply_body(driver_name, claim, desired.generation, &desired.slots);
+    let mut delay = FIRST_RETRY;
+    for attempt in 1..=ATTEMPTS {
+        let error = match api.apply(&claim.namespace, &claim.name, &body).await {
+            Ok(()) => {
+                metrics.write("applied");
+                tracing::debug!(claim = %claim, entries = desired.slots.len(), "claim device status written");
+                return false;
+            }
+            Err(ApplyError::Gone) => {
+                metrics.write("gone");
+                tracing::debug!(claim = %claim, "claim gone; no device status to write");
+                return false;
+            }
+            Err(ApplyError::Refused(error)) => {
+                metrics.write("failed");
+                tracing::warn!(claim = %claim, %error, "claim device status refused");
+                return false;
+            }
+            Err(ApplyError::Transient(error)) => error,
+        };
+        if attempt == ATTEMPTS {
+            metrics.write("failed");
+            tracing::warn!(claim = %claim, %error, attempts = ATTEMPTS, "claim device status not written; giving up");
+            return false;
+        }
+        tracing::debug!(claim = %claim, %error, attempt, "claim device status not written; retrying");
+        let sleep = tokio::time::sleep(delay);
+        tokio::pin!(sleep);
+        tokio::select! {
+            () = &mut sleep => {}
+            changed = rx.changed() => match changed {
+                Ok(()) => return true,
+                Err(_) => sleep.await,
+            },
+        }
+        delay *= 2;
+    }
+    false
+}
