@@ -22,7 +22,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use dra_core::{
-    ApiSupport, DeviceHealth, DeviceInventory, HealthCondition, HostPaths, ScannedDevice, Severity,
+    ApiSupport, DeviceHealth, DeviceInventory, DiscoveryCache, Fingerprint, HealthCondition,
+    HostPaths, ScannedDevice, Severity,
 };
 use k8s_openapi::api::resource::v1::Device;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -98,73 +99,37 @@ pub struct EfaInventory {
     /// The counter files of each EFA, by device name, held open while the
     /// discovery is reused (closed at every full discovery).
     counters: BTreeMap<String, EfaCounters>,
-    /// The last discovery, reused while nothing it depends on changed.
-    cached: Option<CachedDiscovery>,
-    /// `--sharing`, the flag in effect (the Node's label may replace it),
-    /// and whether EFAs are shared by capacity.
-    sharing_arg: SharingFlag,
+    /// The last discovery and the devices built from it, reused while
+    /// nothing it depends on changed.
+    discoveries: DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Device>)>,
+    /// `--sharing` (or the Node's label), and whether EFAs are shared by
+    /// capacity, settled before the first scan.
     sharing_flag: SharingFlag,
     shared: bool,
 }
 
-/// A full discovery at least every this many scans (once a minute at the
-/// default 10 s rescan), whatever the fingerprint says: the fallback for a
-/// change no listed directory shows.
-pub const FULL_SCAN_EVERY: u32 = 60;
+/// A full discovery at least every this many scans (every 10 minutes at
+/// the default 10 s rescan), whatever the fingerprint says: the fallback
+/// for a change no listed directory shows.
+pub const FULL_SCAN_EVERY: u32 = DiscoveryCache::<(), ()>::DEFAULT_FULL_EVERY;
 
 /// What changes when an EFA comes, goes, binds or unbinds, or its kernel
 /// driver is reloaded: the names in the PCI device list, the `infiniband`
 /// and `infiniband_verbs` classes, the `efa` driver's bound functions and
 /// `/dev/infiniband`, and the `efa` module's version. Reading it costs five
 /// directory listings and one file, against a few files per PCI function
-/// (120 on a p5) for a discovery: most of an idle rescan's cost.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint {
-    listings: Vec<Vec<std::ffi::OsString>>,
-    efa_module: Option<String>,
-}
-
-impl Fingerprint {
-    /// `None` when a directory cannot be listed for another reason than
-    /// its absence (then nothing is reused).
-    fn read(root: &SysfsRoot, dev_root: &std::path::Path) -> Option<Fingerprint> {
-        let dirs = [
-            root.pci_devices_dir(),
-            root.class_dir("infiniband"),
-            root.class_dir("infiniband_verbs"),
-            root.path()
-                .join("bus/pci/drivers")
-                .join(discovery::EFA_KERNEL_DRIVER),
-            dev_root.join("infiniband"),
-        ];
-        let mut listings = Vec::with_capacity(dirs.len());
-        for dir in dirs {
-            let mut names = match std::fs::read_dir(&dir) {
-                Ok(entries) => entries
-                    .map(|e| e.map(|e| e.file_name()))
-                    .collect::<Result<Vec<_>, _>>()
-                    .ok()?,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-                Err(_) => return None,
-            };
-            names.sort();
-            listings.push(names);
-        }
-        let efa_module = root.module_version(discovery::EFA_KERNEL_DRIVER).ok()?;
-        Some(Fingerprint {
-            listings,
-            efa_module,
-        })
-    }
-}
-
-/// The last discovery, its fingerprint, and how many scans reused it.
-#[derive(Debug)]
-struct CachedDiscovery {
-    fingerprint: Fingerprint,
-    found: discovery::Discovery,
-    devices: Vec<Device>,
-    reused: u32,
+/// (120 on a p5) for a discovery: most of an idle rescan's cost. `None`
+/// when something could not be read (then nothing is reused).
+fn fingerprint(root: &SysfsRoot, dev_root: &std::path::Path) -> Option<Fingerprint> {
+    let efa = discovery::EFA_KERNEL_DRIVER;
+    Fingerprint::new()
+        .list(root.pci_devices_dir())
+        .list(root.class_dir("infiniband"))
+        .list(root.class_dir("infiniband_verbs"))
+        .list(root.join("bus/pci/drivers").join(efa))
+        .list(dev_root.join("infiniband"))
+        .contents(root.join("module").join(efa).join("version"))
+        .finish()
 }
 
 impl EfaInventory {
@@ -177,8 +142,7 @@ impl EfaInventory {
             published: BTreeMap::new(),
             samples: BTreeMap::new(),
             counters: BTreeMap::new(),
-            cached: None,
-            sharing_arg: SharingFlag::Exclusive,
+            discoveries: DiscoveryCache::new(FULL_SCAN_EVERY),
             sharing_flag: SharingFlag::Exclusive,
             shared: false,
         }
@@ -187,10 +151,8 @@ impl EfaInventory {
     /// Shares every EFA by capacity from the next discovery on (what
     /// `set_api_support` decides in `run`).
     pub fn share_by_capacity(&mut self, shared: bool) {
-        if self.shared != shared {
-            self.shared = shared;
-            self.cached = None;
-        }
+        self.shared = shared;
+        self.discoveries.clear();
     }
 
     /// The devices of a discovery, shared by capacity when sharing is on
@@ -217,27 +179,23 @@ impl EfaInventory {
     /// [`Fingerprint`] changed or after [`FULL_SCAN_EVERY`] scans, else the
     /// last discovery. Health is read on every scan whatever this returns.
     fn discover(&mut self) -> Result<(discovery::Discovery, Vec<Device>), InventoryError> {
-        let fingerprint = Fingerprint::read(&self.root, &self.dev_root);
-        if let (Some(cached), Some(now)) = (&mut self.cached, &fingerprint)
-            && cached.fingerprint == *now
-            && cached.reused < FULL_SCAN_EVERY - 1
-        {
-            cached.reused += 1;
-            return Ok((cached.found.clone(), cached.devices.clone()));
+        let fingerprint = fingerprint(&self.root, &self.dev_root);
+        // Out of `self` for the call, so that a discovery can build the
+        // devices with `self`'s settings.
+        let mut discoveries = std::mem::take(&mut self.discoveries);
+        let found = discoveries
+            .get(fingerprint, || {
+                let found = discovery::discover(&self.root)?;
+                let devices = self.devices_of(&found);
+                Ok::<_, InventoryError>((found, devices))
+            })
+            .map(|l| (l.discovered, l.value.clone()));
+        self.discoveries = discoveries;
+        let (discovered, found) = found?;
+        if discovered {
+            self.counters.clear();
         }
-        self.cached = None;
-        self.counters.clear();
-        let found = discovery::discover(&self.root)?;
-        let devices = self.devices_of(&found);
-        if let Some(fingerprint) = fingerprint {
-            self.cached = Some(CachedDiscovery {
-                fingerprint,
-                found: found.clone(),
-                devices: devices.clone(),
-                reused: 0,
-            });
-        }
-        Ok((found, devices))
+        Ok(found)
     }
 
     fn note_unusable(&mut self, now: &[discovery::UnusableEfa]) {
@@ -279,7 +237,6 @@ impl DeviceInventory for EfaInventory {
         metrics: &Registry,
     ) -> Result<Self, InventoryError> {
         let mut inventory = Self::new(host, Some(EfaMetrics::register(metrics)?));
-        inventory.sharing_arg = flags.sharing;
         inventory.sharing_flag = flags.sharing;
         Ok(inventory)
     }
@@ -292,7 +249,7 @@ impl DeviceInventory for EfaInventory {
 
     /// Where a node pool opts in to sharing (or out): [`sharing::SHARING_LABEL`].
     fn set_node_labels(&mut self, labels: &BTreeMap<String, String>) {
-        let (flag, why) = self.sharing_arg.with_node_label(labels);
+        let (flag, why) = self.sharing_flag.with_node_label(labels);
         if let Some(why) = why {
             tracing::info!(reason = why, "EFA sharing from the Node label");
         }
@@ -416,7 +373,7 @@ mod tests {
         let mut inventory = EfaInventory::new(&host, None);
         let first = inventory.scan().unwrap();
         assert_eq!(first.len(), 32);
-        let efa = inventory.cached.as_ref().unwrap().found.efas[0].clone();
+        let efa = inventory.discoveries.value().unwrap().0.efas[0].clone();
         let (bdf, name) = (
             efa.address.to_string(),
             attributes::device_name(efa.address),
@@ -431,7 +388,7 @@ mod tests {
         )
         .unwrap();
         let faulty = inventory.scan().unwrap();
-        assert_eq!(inventory.cached.as_ref().unwrap().reused, 1);
+        assert_eq!(inventory.discoveries.reused(), Some(1));
         let faulty = faulty.iter().find(|d| d.device.name == name).unwrap();
         assert!(
             !faulty.health.conditions.is_empty(),
@@ -441,18 +398,14 @@ mod tests {
         // Unbinding changes the fingerprint: seen at the next scan.
         fixture.unbind_driver(&bdf).unwrap();
         let unbound = inventory.scan().unwrap();
-        assert_eq!(
-            inventory.cached.as_ref().unwrap().reused,
-            0,
-            "a full discovery"
-        );
+        assert_eq!(inventory.discoveries.reused(), Some(0), "a full discovery");
         let lost = unbound.iter().find(|d| d.device.name == name).unwrap();
         assert_eq!(lost.health.conditions[0].value, "unbound");
         fixture.bind_driver(&bdf).unwrap();
 
         // A change no listing shows: within FULL_SCAN_EVERY scans.
         inventory.scan().unwrap();
-        let numa = |inv: &EfaInventory| inv.cached.as_ref().unwrap().found.efas[0].numa_node;
+        let numa = |inv: &EfaInventory| inv.discoveries.value().unwrap().0.efas[0].numa_node;
         assert_ne!(numa(&inventory), Some(7));
         let file = fixture
             .sys
@@ -469,44 +422,5 @@ mod tests {
             }
         }
         assert!(seen_after.is_some(), "the NUMA change was never seen");
-    }
-    /// The Node label opts a node in to sharing; EFAs are published shared
-    /// (100G per p5 EFA) only where the server keeps the fields, and
-    /// exclusive again when it does not or the label goes.
-    #[test]
-    fn sharing_follows_the_label_and_the_server() {
-        let dir = tempfile::tempdir().unwrap();
-        let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
-        let host = HostPaths {
-            sysfs_root: fixture.sys.clone(),
-            dev_root: fixture.dev.clone(),
-        };
-        let mut inventory = EfaInventory::new(&host, None);
-        let support = |kept| ApiSupport {
-            consumable_capacity: Some(kept),
-            ..ApiSupport::unknown()
-        };
-        let label = BTreeMap::from([(sharing::SHARING_LABEL.to_owned(), "capacity".to_owned())]);
-        let shared = |inventory: &mut EfaInventory| {
-            let scanned = inventory.scan().unwrap();
-            assert_eq!(scanned.len(), 32);
-            let n = scanned
-                .iter()
-                .filter(|d| d.device.allow_multiple_allocations == Some(true))
-                .count();
-            for d in scanned.iter().filter_map(|d| d.device.capacity.as_ref()) {
-                assert_eq!(d[sharing::BANDWIDTH].value.0, "100G");
-            }
-            n
-        };
-        assert_eq!(shared(&mut inventory), 0, "exclusive by default");
-        inventory.set_node_labels(&label);
-        inventory.set_api_support(&support(true));
-        assert_eq!(shared(&mut inventory), 32);
-        inventory.set_api_support(&support(false));
-        assert_eq!(shared(&mut inventory), 0, "the server drops the fields");
-        inventory.set_node_labels(&BTreeMap::new());
-        inventory.set_api_support(&support(true));
-        assert_eq!(shared(&mut inventory), 0, "the label is gone");
     }
 }

@@ -181,6 +181,12 @@ impl<F: PartialEq, T> DiscoveryCache<F, T> {
         })
     }
 
+    /// Forgets the last discovery: the next scan discovers (when what the
+    /// driver builds from a discovery changed, say).
+    pub fn clear(&mut self) {
+        self.last = None;
+    }
+
     /// The last discovery, if any.
     pub fn value(&self) -> Option<&T> {
         self.last.as_ref().map(|c| &c.value)

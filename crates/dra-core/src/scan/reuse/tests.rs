@@ -92,8 +92,10 @@ fn the_value_can_carry_what_is_built_from_it() {
         .get(Some(1), || Ok::<_, io::Error>((8, None)))
         .unwrap();
     assert_eq!(again.value.1.as_deref(), Some("devices"));
+    cache.clear();
+    assert_eq!(cache.value(), None, "cleared");
     let fresh = cache
-        .get(Some(2), || Ok::<_, io::Error>((8, None)))
+        .get(Some(1), || Ok::<_, io::Error>((8, None)))
         .unwrap();
     assert_eq!(*fresh.value, (8, None));
 }
