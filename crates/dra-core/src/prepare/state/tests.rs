@@ -2,11 +2,12 @@
 //! whose device is still prepared for another claim waits for that claim's
 //! unprepare, without the lock, up to the bound; the device is never
 //! prepared for two claims at once.
+//! The group commits that serve them are tested in `group_commit`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
@@ -17,6 +18,8 @@ use super::*;
 use crate::prepare::claims::InMemoryClaimSource;
 use crate::prepare::config::InvalidValue;
 use crate::prepare::driver::{ContainerEdits, DeviceNode, DriverError};
+
+mod group_commit;
 
 const DRIVER: &str = "test.example.com";
 
@@ -190,7 +193,7 @@ fn held_message(claim: &str, holder: &str) -> String {
     )
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_held_device_is_prepared_once_its_holder_is_unprepared() {
     let dir = tempfile::tempdir().unwrap();
     let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
@@ -210,7 +213,7 @@ async fn a_held_device_is_prepared_once_its_holder_is_unprepared() {
         let (p, new) = (p.clone(), new.clone());
         async move {
             let result = prepare(&p, &new).await;
-            (result, Instant::now())
+            (result, tokio::time::Instant::now())
         }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -222,18 +225,17 @@ async fn a_held_device_is_prepared_once_its_holder_is_unprepared() {
         .await
         .expect("unprepare was blocked by the waiting prepare")
         .unwrap();
-    let unprepared_at = Instant::now();
+    let unprepared_at = tokio::time::Instant::now();
     assert!(unprepared["uid-old"].is_ok());
     let (result, done_at) = tokio::time::timeout(Duration::from_secs(2), waiting)
         .await
         .expect("the waiting prepare missed the unprepare")
         .unwrap();
     result.unwrap();
+    // On the paused clock: woken by the unprepare itself, not by the next
+    // periodic re-check.
     let after = done_at.duration_since(unprepared_at);
-    assert!(
-        after < Duration::from_millis(500),
-        "took {after:?} after the unprepare"
-    );
+    assert!(after < RELEASE_POLL, "took {after:?} after the unprepare");
     assert_eq!(in_checkpoint(&p), ["uid-new"]);
     assert!(driver.violations.lock().unwrap().is_empty());
     let text = crate::prepare::metrics::tests::render(&registry);
@@ -243,7 +245,7 @@ async fn a_held_device_is_prepared_once_its_holder_is_unprepared() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_device_still_held_at_the_bound_is_refused_as_before() {
     let dir = tempfile::tempdir().unwrap();
     let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
@@ -254,12 +256,14 @@ async fn a_device_still_held_at_the_bound_is_refused_as_before() {
     let new = add(&claims, "new", "dev-1");
     prepare(&p, &old).await.unwrap();
 
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     let err = prepare(&p, &new).await.unwrap_err();
     let took = started.elapsed();
     assert_eq!(err, held_message("new", "old"));
+    // The paused clock moves only by the pipeline's own timers: refused at
+    // the bound, not one re-check later.
     assert!(took >= bound, "refused after {took:?}, before the bound");
-    assert!(took < bound + Duration::from_secs(1), "took {took:?}");
+    assert!(took < bound + RELEASE_POLL, "took {took:?}");
     assert_eq!(in_checkpoint(&p), ["uid-old"]);
     assert_eq!(*driver.prepares.lock().unwrap(), ["uid-old"]);
     let text = crate::prepare::metrics::tests::render(&registry);
@@ -270,26 +274,26 @@ async fn a_device_still_held_at_the_bound_is_refused_as_before() {
 
     // A zero bound refuses at once, with the same message.
     let p0 = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     assert_eq!(
         prepare(&p0, &new).await.unwrap_err(),
         held_message("new", "old")
     );
-    assert!(started.elapsed() < Duration::from_millis(200));
+    assert!(started.elapsed() < RELEASE_POLL, "waited for a re-check");
 }
 
 /// Two claims of one call on one device: kubelet will not unprepare one of
 /// them while the other waits, so the second is refused at once.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_holder_in_the_same_call_is_not_waited_for() {
     let dir = tempfile::tempdir().unwrap();
     let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
     let p = pipeline(dir.path(), &driver, &claims, Duration::from_secs(10));
     let a = add(&claims, "a", "dev-1");
     let b = add(&claims, "b", "dev-1");
-    let started = Instant::now();
+    let started = tokio::time::Instant::now();
     let answers = p.prepare(vec![a, b]).await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < RELEASE_POLL, "waited for a re-check");
     assert!(answers["uid-a"].is_ok());
     assert_eq!(
         answers["uid-b"].as_ref().unwrap_err(),
@@ -299,7 +303,7 @@ async fn a_holder_in_the_same_call_is_not_waited_for() {
 
 /// Another plugin instance (seamless upgrade) shares the data directory
 /// but not this process's wake-up: the periodic re-check sees its unprepare.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn an_unprepare_by_another_instance_is_seen() {
     let dir = tempfile::tempdir().unwrap();
     let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
@@ -425,213 +429,4 @@ async fn unprepare_after_a_lost_checkpoint_removes_the_spec() {
     // A claim never prepared here: still a plain success.
     let other = add(&claims, "other", "dev-2");
     assert_eq!(p.unprepare(vec![other]).await.unwrap()["uid-other"], Ok(()));
-}
-
-/// `(groups, calls)` of the group-commit histogram.
-fn commit_groups(registry: &prometheus::Registry) -> (u64, f64) {
-    let family = registry
-        .gather()
-        .into_iter()
-        .find(|f| f.name() == "aws_dra_plugin_commit_group_calls")
-        .expect("the group-commit histogram is registered");
-    let h = family.get_metric()[0].get_histogram();
-    (h.get_sample_count(), h.get_sample_sum())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_calls_share_group_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let claims = InMemoryClaimSource::new();
-    let driver = ExclusiveDriver {
-        delay: Duration::from_millis(20),
-        ..ExclusiveDriver::default()
-    };
-    let registry = prometheus::Registry::new();
-    let p = pipeline_with_metrics(dir.path(), &driver, &claims, Duration::ZERO, &registry);
-    let refs: Vec<ClaimRef> = (0..8)
-        .map(|i| add(&claims, &format!("c{i}"), &format!("dev-{i}")))
-        .collect();
-    let calls = refs.iter().map(|c| {
-        let (p, c) = (p.clone(), c.clone());
-        tokio::spawn(async move { prepare(&p, &c).await })
-    });
-    for answer in futures::future::join_all(calls).await {
-        answer.unwrap().unwrap();
-    }
-    let mut recorded = in_checkpoint(&p);
-    recorded.sort();
-    let mut want: Vec<String> = refs.iter().map(|c| c.uid.clone()).collect();
-    want.sort();
-    assert_eq!(recorded, want);
-    for c in &refs {
-        let spec = p.checkpoint.load().unwrap().claims[&c.uid]
-            .cdi_spec_path
-            .clone();
-        assert!(spec.exists(), "{} has no CDI spec", c.uid);
-    }
-    // Eight calls, each 20 ms of driver work under the lock: the seven
-    // that queue behind the first are served together, not one by one.
-    let (groups, served) = commit_groups(&registry);
-    assert_eq!(served, 8.0);
-    assert!(groups < 8, "8 calls took {groups} commits");
-
-    let calls = refs.iter().map(|c| {
-        let (p, c) = (p.clone(), c.clone());
-        tokio::spawn(async move { p.unprepare(vec![c.clone()]).await.unwrap().remove(&c.uid) })
-    });
-    for answer in futures::future::join_all(calls).await {
-        answer.unwrap().unwrap().unwrap();
-    }
-    assert!(in_checkpoint(&p).is_empty());
-    assert!(driver.holders.lock().unwrap().is_empty());
-    assert!(driver.violations.lock().unwrap().is_empty());
-    let (_, served) = commit_groups(&registry);
-    assert_eq!(served, 16.0);
-}
-
-#[tokio::test]
-async fn a_device_freed_and_taken_in_one_group_is_never_held_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
-    let p = pipeline(dir.path(), &driver, &claims, Duration::from_secs(5));
-    let old = add(&claims, "old", "dev-1");
-    let new = add(&claims, "new", "dev-1");
-    prepare(&p, &old).await.unwrap();
-    // The new claim's prepare queues first, the old claim's unprepare
-    // after it, both behind the lock: one group serves both, in order.
-    let guard = p.lock.lock().await.unwrap();
-    let (p1, p2, n, o) = (p.clone(), p.clone(), new.clone(), old.clone());
-    let prep = tokio::spawn(async move { prepare(&p1, &n).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let unprep = tokio::spawn(async move { p2.unprepare(vec![o]).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    drop(guard);
-    unprep.await.unwrap().unwrap();
-    prep.await.unwrap().unwrap();
-    assert_eq!(in_checkpoint(&p), vec!["uid-new".to_string()]);
-    assert!(driver.violations.lock().unwrap().is_empty());
-}
-
-/// The crash points of a group commit, in order, and whether the group's
-/// claims are in the checkpoint after a kill there.
-const CRASH_POINTS: [(&str, bool); 5] = [
-    ("group:served", false),
-    ("commit:synced", false),
-    ("commit:renamed-first", false),
-    ("commit:renamed", true),
-    ("group:committed", true),
-];
-
-#[test]
-fn a_kill_at_each_step_of_a_group_commit_leaves_a_checkpoint_of_what_was_answered() {
-    let exe = std::env::current_exe().unwrap();
-    for (point, group_recorded) in CRASH_POINTS {
-        let dir = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                // The test's name as libtest knows it: its module path
-                // without the crate, so that a move of the module keeps it.
-                &format!(
-                    "{}::crash_child",
-                    module_path!().split_once("::").unwrap().1
-                ),
-                "--ignored",
-                "--test-threads=1",
-            ])
-            .env("DRA_CORE_CRASH_AT", point)
-            .env("DRA_CORE_CRASH_DIR", dir.path())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(
-            !status.success(),
-            "{point}: the child was not killed there ({status})"
-        );
-        let answered: Vec<String> = std::fs::read_to_string(dir.path().join("answered"))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect();
-        assert_eq!(answered, ["uid-a", "uid-b"], "{point}");
-        // The restart: a new pipeline on the same directory.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
-            let refs: Vec<ClaimRef> = ["a", "b", "d", "e"]
-                .iter()
-                .map(|n| add(&claims, n, &format!("dev-{n}")))
-                .collect();
-            let p = pipeline(dir.path(), &driver, &claims, Duration::ZERO);
-            let checkpoint = p.checkpoint.load().unwrap();
-            let mut want = answered.clone();
-            if group_recorded {
-                want.extend(["uid-d".to_string(), "uid-e".to_string()]);
-            }
-            let recorded: Vec<String> = checkpoint.claims.keys().cloned().collect();
-            assert_eq!(recorded, want, "{point}: the checkpoint after the kill");
-            for (uid, c) in &checkpoint.claims {
-                assert!(
-                    c.cdi_spec_path.exists(),
-                    "{point}: {uid} recorded without its spec"
-                );
-            }
-            // Kubelet calls again for what it got no answer for: every
-            // claim is prepared, each device for one claim.
-            for c in &refs[2..] {
-                prepare(&p, c)
-                    .await
-                    .unwrap_or_else(|e| panic!("{point}: {e}"));
-            }
-            assert_eq!(in_checkpoint(&p).len(), 4, "{point}");
-            assert!(driver.violations.lock().unwrap().is_empty(), "{point}");
-        });
-    }
-}
-
-/// The child of the crash test: claims a and b prepared one by one (and
-/// noted as answered), then d and e queued behind the lock so that one
-/// group serves both; the process aborts at `DRA_CORE_CRASH_AT` in it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "run by a_kill_at_each_step_of_a_group_commit_leaves_a_checkpoint_of_what_was_answered"]
-async fn crash_child() {
-    use std::io::Write;
-    let dir = std::path::PathBuf::from(std::env::var("DRA_CORE_CRASH_DIR").unwrap());
-    let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
-    let p = pipeline(&dir, &driver, &claims, Duration::ZERO);
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("answered"))
-        .unwrap();
-    let mut note = |uid: &str| {
-        writeln!(log, "{uid}").unwrap();
-        log.sync_all().unwrap();
-    };
-    for n in ["a", "b"] {
-        let c = add(&claims, n, &format!("dev-{n}"));
-        prepare(&p, &c).await.unwrap();
-        note(&c.uid);
-    }
-    let group: Vec<ClaimRef> = ["d", "e"]
-        .iter()
-        .map(|n| add(&claims, n, &format!("dev-{n}")))
-        .collect();
-    let guard = p.lock.lock().await.unwrap();
-    let calls: Vec<_> = group
-        .iter()
-        .map(|c| {
-            let (p, c) = (p.clone(), c.clone());
-            tokio::spawn(async move { prepare(&p, &c).await.map(|()| c.uid) })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    drop(guard);
-    for call in calls {
-        note(&call.await.unwrap().unwrap());
-    }
 }
