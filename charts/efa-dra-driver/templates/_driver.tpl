@@ -4,5 +4,5 @@
 {{- define "efa-dra-driver.devSubPath" -}}infiniband{{- end -}}
 {{/* Verbs of the ClusterRole on nodes (see dra-driver-lib.rbac). */}}
 {{- define "efa-dra-driver.nodeVerbs" -}}"get"{{- end -}}
-{{/* The EFA driver has no flags of its own in the chart. */}}
-{{- define "efa-dra-driver.driverArgs" -}}{{- end -}}
+{{/* --sharing (values.yaml `sharing`). */}}
+{{- define "efa-dra-driver.driverArgs" -}}- --sharing={{ .Values.sharing }}{{- end -}}

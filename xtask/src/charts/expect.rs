@@ -23,6 +23,9 @@ pub struct Expect {
     pub registrar_dir: String,
     pub plugins_dir: String,
     pub cdi_root: String,
+    /// `deviceAttributesFiles` (the files' directory is not set in any
+    /// values file: it sits beside the CDI root).
+    pub device_attributes_files: bool,
     pub sysfs_root: String,
     pub dev_root: String,
     pub privileged: bool,
@@ -115,6 +118,7 @@ impl Expect {
             registrar_dir: "/var/lib/kubelet/plugins_registry".into(),
             plugins_dir: "/var/lib/kubelet/plugins".into(),
             cdi_root: "/var/run/cdi".into(),
+            device_attributes_files: true,
             sysfs_root: "/sys".into(),
             dev_root: "/dev".into(),
             privileged: false,
@@ -140,6 +144,7 @@ impl Expect {
                 .collect(),
             extra_args: std::iter::once("--log-format=json".to_string())
                 .chain(neuron_only(spec, "--partitions=chips"))
+                .chain(efa_only(spec, "--sharing=exclusive"))
                 .collect(),
             cel: if spec.name == EFA.name {
                 vec![]
@@ -176,6 +181,7 @@ impl Expect {
                 registrar_dir: "/data/kubelet/plugins_registry".into(),
                 plugins_dir: "/data/kubelet/plugins".into(),
                 cdi_root: "/etc/cdi".into(),
+                device_attributes_files: false,
                 sysfs_root: "/opt/aws-dra/fixtures/p5/sys".into(),
                 dev_root: "/opt/aws-dra/fixtures/p5/dev".into(),
                 metrics_port: 9400,
@@ -202,6 +208,7 @@ impl Expect {
                 extra_args: vec![
                     "--log-format=text".into(),
                     "--allow-device-plugin-coexistence".into(),
+                    "--sharing=capacity".into(),
                 ],
                 cel: vec![
                     (
@@ -279,6 +286,7 @@ impl Expect {
                     spec,
                     &format!("--partitions={}", e2e::testbed::TESTBED_PARTITIONS),
                 ))
+                .chain(efa_only(spec, "--sharing=exclusive"))
                 .collect(),
             // The kind testbed's extraEnv (the short rescan interval the
             // health scenarios rely on), exactly as the testbed sets it.
@@ -291,4 +299,9 @@ impl Expect {
 /// `arg` for the Neuron chart, nothing for the EFA chart.
 fn neuron_only(spec: &ChartSpec, arg: &str) -> Option<String> {
     (spec.name != EFA.name).then(|| arg.to_string())
+}
+
+/// `arg` for the EFA chart, nothing for the Neuron chart.
+fn efa_only(spec: &ChartSpec, arg: &str) -> Option<String> {
+    (spec.name == EFA.name).then(|| arg.to_string())
 }
