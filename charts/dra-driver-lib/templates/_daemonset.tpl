@@ -10,6 +10,7 @@ container runtime resolves on the host.
 {{- $registrar := include "dra-driver-lib.registrarDir" . -}}
 {{- $plugins := include "dra-driver-lib.pluginsDir" . -}}
 {{- $devMount := include "dra-driver-lib.devMountPath" . -}}
+{{- $attributes := .Values.hostPaths.deviceAttributesRoot | default (printf "%s/dra-device-attributes" (dir .Values.hostPaths.cdiRoot)) -}}
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
@@ -113,6 +114,12 @@ spec:
               value: {{ $plugins | quote }}
             - name: CDI_ROOT
               value: {{ .Values.hostPaths.cdiRoot | quote }}
+            # Device attributes files: written here, mounted read-only into
+            # the containers of each claim through its CDI spec.
+            - name: DEVICE_ATTRIBUTES_FILES
+              value: {{ .Values.deviceAttributesFiles | quote }}
+            - name: DEVICE_ATTRIBUTES_ROOT
+              value: {{ $attributes | quote }}
             - name: METRICS_ADDRESS
               value: {{ printf "0.0.0.0:%d" (int .Values.metrics.port) | quote }}
             - name: LOG_LEVEL
@@ -160,6 +167,8 @@ spec:
               mountPath: {{ printf "%s/%s" $plugins .Values.driver.name | quote }}
             - name: cdi
               mountPath: {{ .Values.hostPaths.cdiRoot | quote }}
+            - name: device-attributes
+              mountPath: {{ $attributes | quote }}
             - name: sys
               mountPath: {{ .Values.hostPaths.sysfsRoot | quote }}
               readOnly: true
@@ -183,6 +192,10 @@ spec:
         - name: cdi
           hostPath:
             path: {{ .Values.hostPaths.cdiRoot | quote }}
+            type: DirectoryOrCreate
+        - name: device-attributes
+          hostPath:
+            path: {{ $attributes | quote }}
             type: DirectoryOrCreate
         - name: sys
           hostPath:

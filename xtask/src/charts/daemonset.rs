@@ -271,6 +271,11 @@ fn check_env(expect: &Expect, c: &Container) -> Result<()> {
         ("KUBELET_PLUGINS_DIRECTORY_PATH", expect.plugins_dir.clone()),
         ("CDI_ROOT", expect.cdi_root.clone()),
         (
+            "DEVICE_ATTRIBUTES_FILES",
+            expect.device_attributes_files.to_string(),
+        ),
+        ("DEVICE_ATTRIBUTES_ROOT", device_attributes_root(expect)),
+        (
             "METRICS_ADDRESS",
             format!("0.0.0.0:{}", expect.metrics_port),
         ),
@@ -292,7 +297,7 @@ fn check_env(expect: &Expect, c: &Container) -> Result<()> {
     }
     let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
     ensure!(
-        names.len() == 7 + expect.extra_env.len(),
+        names.len() == 9 + expect.extra_env.len(),
         "unexpected env entries: {names:?}"
     );
     Ok(())
@@ -507,6 +512,7 @@ fn check_host_mounts(
             false,
         ),
         ("cdi", expect.cdi_root.clone(), false),
+        ("device-attributes", device_attributes_root(expect), false),
         ("sys", expect.sysfs_root.clone(), true),
         ("dev", dev_mount.clone(), true),
     ] {
@@ -519,7 +525,7 @@ fn check_host_mounts(
     }
     check_api_access(pod, mounts)?;
     ensure!(
-        mounts.len() == 6,
+        mounts.len() == 7,
         "unexpected extra mounts: {} ({:?})",
         mounts.len(),
         mounts.iter().map(|m| m.name.as_str()).collect::<Vec<_>>()
@@ -534,4 +540,12 @@ fn check_host_mounts(
         );
     }
     Ok(())
+}
+/// Where the driver writes its device attributes files: `dra-device-attributes`
+/// beside the CDI root (no values file sets `hostPaths.deviceAttributesRoot`).
+fn device_attributes_root(expect: &Expect) -> String {
+    let parent = std::path::Path::new(&expect.cdi_root)
+        .parent()
+        .unwrap_or(std::path::Path::new("/"));
+    parent.join("dra-device-attributes").display().to_string()
 }
