@@ -198,6 +198,32 @@ impl CdiWriter {
         })
     }
 
+    /// Whether `path` is the spec this writer writes for `claim_uid`: in
+    /// our CDI root itself, under our vendor and class, for that claim.
+    /// Compared as written (a recorded path is one [`Self::spec_path`] gave).
+    pub(crate) fn owns(&self, claim_uid: &str, path: &Path) -> bool {
+        path == self.spec_path(claim_uid)
+    }
+
+    /// Removes the spec recorded for `claim_uid` if it is ours
+    /// ([`Self::owns`]). A recorded path that is not (a checkpoint edited on
+    /// the node, or written with another `--cdi-root`) is left alone with a
+    /// warning, and the claim's spec where ours would be is removed instead.
+    pub(crate) fn remove_claim_spec(
+        &self,
+        claim_uid: &str,
+        recorded: &Path,
+    ) -> Result<(), CdiError> {
+        if !self.owns(claim_uid, recorded) {
+            tracing::warn!(
+                claim_uid,
+                path = %recorded.display(),
+                "checkpoint names a CDI spec that is not this claim's in our CDI root; not removing it"
+            );
+        }
+        self.remove(&self.spec_path(claim_uid))
+    }
+
     fn minimum_version(&self, devices: &[SpecDevice<'_>]) -> &'static str {
         if self.class.contains('.') {
             return "0.6.0";
