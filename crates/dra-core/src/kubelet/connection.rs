@@ -19,22 +19,30 @@
 //! has started, when the server closes its end, or
 //! [`ConnectionLimits::shutdown_grace`] after shutdown began. A client idle
 //! between frames is left alone (kubelet keeps its connections open).
+//!
+//! Bounds of the servers behind the relays, all in [`ConnectionLimits`]: at
+//! most `max_connections` open connections per socket (the next client
+//! waits in the listen backlog until one closes), `max_concurrent_streams`
+//! calls at once on one connection (announced in the server's SETTINGS),
+//! requests of at most `max_request_bytes`, and every call answered or
+//! cancelled within `call_deadline`.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::kubelet::authority::{AdapterError, InboundStream, MAX_IN_FRAME, Rewrite};
 
-/// Time limits of one connection.
+/// Time and size limits of the connections and calls on one socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub struct ConnectionLimits {
@@ -46,7 +54,25 @@ pub struct ConnectionLimits {
     /// Once shutdown begins, how long open connections get to finish
     /// before they are cut. Keep it well under the 5 s that SIGTERM has.
     pub shutdown_grace: Duration,
+    /// Open connections per socket; kubelet keeps one or two (calls and
+    /// the health stream), the liveness self-check one for a moment.
+    pub max_connections: usize,
+    /// Concurrent calls (HTTP/2 streams) on one connection: a burst of
+    /// pods on a node is one call per pod on kubelet's one connection.
+    pub max_concurrent_streams: u32,
+    /// Largest request message: a prepare of a thousand claims is about
+    /// 150 KiB.
+    pub max_request_bytes: usize,
+    /// Longest a call may take before it is answered `DEADLINE_EXCEEDED`
+    /// (kubelet gives up on its calls after 45 s). A prepare may wait for a
+    /// device's release, so the DRA socket's calls get at least the
+    /// plugin's `device_release_wait` plus [`DEADLINE_MARGIN`].
+    pub call_deadline: Duration,
 }
+
+/// What a prepare's deadline adds to the time it may wait for a device's
+/// release: the resolve, the driver and the commit.
+pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(10);
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
@@ -54,6 +80,10 @@ impl Default for ConnectionLimits {
             preface: Duration::from_secs(10),
             frame: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(2),
+            max_connections: 64,
+            max_concurrent_streams: 128,
+            max_request_bytes: 1024 * 1024,
+            call_deadline: Duration::from_secs(45),
         }
     }
 }
@@ -81,13 +111,32 @@ pub(crate) fn relayed_connections(
     shutdown: CancellationToken,
 ) -> ReceiverStream<Result<RelayedConnection, io::Error>> {
     let (tx, rx) = mpsc::channel(16);
+    let open = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     tokio::spawn(async move {
         loop {
+            // A slot first: at the limit, new clients wait in the backlog.
+            let permit = match open.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(_) => {
+                    tracing::warn!(
+                        socket,
+                        limit = limits.max_connections,
+                        "connection limit reached; new connections wait until one closes"
+                    );
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        permit = open.clone().acquire_owned() => match permit {
+                            Ok(permit) => permit,
+                            Err(_) => break,
+                        },
+                    }
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 accepted = listener.accept() => match accepted {
                     Ok((client, _)) => {
-                        let conn = relay(client, socket, rewrite, limits, shutdown.clone());
+                        let conn = relay(client, socket, rewrite, limits, shutdown.clone(), permit);
                         if tx.send(Ok(conn)).await.is_err() {
                             break;
                         }
@@ -110,9 +159,12 @@ pub(crate) fn relay(
     rewrite: Rewrite,
     limits: ConnectionLimits,
     shutdown: CancellationToken,
+    slot: OwnedSemaphorePermit,
 ) -> RelayedConnection {
     let (ours, theirs) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
+        // Held until the connection is closed at both ends.
+        let _slot = slot;
         match run_relay(client, ours, rewrite, limits, shutdown).await {
             Closed::Invalid(error) => {
                 tracing::warn!(socket, %error, "connection closed: client broke the protocol");

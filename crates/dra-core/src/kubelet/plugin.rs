@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use crate::kubelet::authority::Rewrite;
-use crate::kubelet::connection::{ConnectionLimits, relayed_connections};
+use crate::kubelet::connection::{ConnectionLimits, DEADLINE_MARGIN, relayed_connections};
 use crate::kubelet::health::{self, DeviceHealthStatus, HealthService};
 use crate::kubelet::proto::{
     dra_v1, dra_v1beta1, health_v1, health_v1alpha1, pluginregistration as reg,
@@ -33,10 +33,15 @@ use crate::prepare::attributes_file::AttributeFiles;
 use crate::prepare::cdi::CdiWriter;
 use crate::prepare::checkpoint::CheckpointStore;
 use crate::prepare::claims::ClaimSource;
-use crate::prepare::driver::{ClaimRef, Driver};
+use crate::prepare::driver::Driver;
 use crate::prepare::lock::DataDirLock;
 use crate::prepare::metrics::PluginMetrics;
-use crate::prepare::state::{ClaimPipeline, PipelineError};
+use crate::prepare::state::ClaimPipeline;
+use crate::prepare::status::StatusSetup;
+
+mod claim_uid;
+mod dra;
+use dra::DraService;
 
 /// Default of [`PluginOptions::device_release_wait`]: long enough for kubelet
 /// to stop a force-deleted pod's containers and unprepare its claim (about
@@ -182,6 +187,7 @@ pub struct KubeletPlugin<D: Driver> {
     options: PluginOptions,
     metrics: PluginMetrics,
     health: Option<watch::Receiver<Vec<DeviceHealthStatus>>>,
+    status: Option<StatusSetup>,
 }
 
 /// A started plugin; `wait` returns after shutdown, sockets removed.
@@ -216,6 +222,7 @@ impl<D: Driver> KubeletPlugin<D> {
             options,
             metrics,
             health: None,
+            status: None,
         }
     }
 
@@ -281,20 +288,30 @@ impl<D: Driver> KubeletPlugin<D> {
         // ABANDONED_AFTER + SWEEP_EVERY after they were written).
         tokio::spawn(sweep::sweep_abandoned(pipeline.clone(), shutdown.clone()));
 
+        let limits = self.options.connections;
+        // A prepare may wait `device_release_wait` for a device's release.
+        let dra_deadline = limits
+            .call_deadline
+            .max(self.options.device_release_wait + DEADLINE_MARGIN);
+        let max_request = limits.max_request_bytes;
         let mut versions = vec!["v1.DRAPlugin".to_string(), "v1beta1.DRAPlugin".to_string()];
-        let mut plugin_router = tonic::transport::Server::builder()
-            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
-                DraService {
+        let mut plugin_router = bounded_server(&limits, dra_deadline + BACKSTOP_MARGIN)
+            .add_service(
+                dra_v1::dra_plugin_server::DraPluginServer::new(DraService {
                     pipeline: pipeline.clone(),
                     metrics: self.metrics.clone(),
-                },
-            ))
-            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
-                DraService {
+                    deadline: dra_deadline,
+                })
+                .max_decoding_message_size(max_request),
+            )
+            .add_service(
+                dra_v1beta1::dra_plugin_server::DraPluginServer::new(DraService {
                     pipeline,
                     metrics: self.metrics.clone(),
-                },
-            ));
+                    deadline: dra_deadline,
+                })
+                .max_decoding_message_size(max_request),
+            );
         if let Some(health) = self.health {
             versions.extend(health::SERVICE_NAMES.iter().map(ToString::to_string));
             let service = HealthService { health };
@@ -302,20 +319,22 @@ impl<D: Driver> KubeletPlugin<D> {
                 .add_service(
                     health_v1::dra_resource_health_server::DraResourceHealthServer::new(
                         service.clone(),
-                    ),
+                    )
+                    .max_decoding_message_size(max_request),
                 )
                 .add_service(
                     health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
                         service,
-                    ),
+                    )
+                    .max_decoding_message_size(max_request),
                 );
         }
 
         remove_if_exists(&sockets.plugin).map_err(io(&sockets.plugin))?;
-        let plugin_listener = UnixListener::bind(&sockets.plugin).map_err(io(&sockets.plugin))?;
+        let plugin_listener = bind_private(&sockets.plugin).map_err(io(&sockets.plugin))?;
         remove_if_exists(&sockets.registration).map_err(io(&sockets.registration))?;
         let reg_listener =
-            UnixListener::bind(&sockets.registration).map_err(io(&sockets.registration))?;
+            bind_private(&sockets.registration).map_err(io(&sockets.registration))?;
 
         let info = reg::PluginInfo {
             r#type: "DRAPlugin".to_string(),
@@ -328,14 +347,14 @@ impl<D: Driver> KubeletPlugin<D> {
             info,
             metrics: self.metrics.clone(),
             registered: registered_tx,
-        });
+        })
+        .max_decoding_message_size(max_request);
         tracing::info!(
             registration = %sockets.registration.display(),
             plugin = %sockets.plugin.display(),
             "kubelet plugin sockets listening"
         );
 
-        let limits = self.options.connections;
         let plugin_path = sockets.plugin.clone();
         let plugin_server = plugin_router.serve_with_incoming_shutdown(
             relayed_connections(
@@ -348,7 +367,7 @@ impl<D: Driver> KubeletPlugin<D> {
             shutdown.clone().cancelled_owned(),
         );
         let reg_path = sockets.registration.clone();
-        let reg_server = tonic::transport::Server::builder()
+        let reg_server = bounded_server(&limits, limits.call_deadline + BACKSTOP_MARGIN)
             .add_service(registration)
             .serve_with_incoming_shutdown(
                 relayed_connections(
@@ -414,6 +433,48 @@ impl<D: Driver> KubeletPlugin<D> {
     }
 }
 
+/// How much later than a handler's own deadline the server's cuts a call
+/// (the handlers answer with a clear message; the server's is for calls
+/// without one, e.g. registration and the health stream's start).
+const BACKSTOP_MARGIN: Duration = Duration::from_secs(1);
+
+/// A gRPC server with the bounds of `limits`: concurrent streams per
+/// connection (announced in SETTINGS, and enforced), and `deadline` on
+/// every call as a second line behind the handlers' own.
+fn bounded_server(limits: &ConnectionLimits, deadline: Duration) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .timeout(deadline)
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .concurrency_limit_per_connection(limits.max_concurrent_streams as usize)
+}
+
+/// Binds a unix socket that only its owner (root, like kubelet) may
+/// connect to. The socket is bound under a temporary name, given mode 0600
+/// and only then renamed to `path`: no client can connect through `path`
+/// while the socket still has the mode the umask gave it. The temporary
+/// name is random (every container is pid 1; two instances of a driver
+/// bind side by side in a seamless upgrade) and no longer than `dra.sock`,
+/// so it fits wherever `path` fits.
+fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut tries = 0;
+    let (listener, tmp) = loop {
+        let tmp = path.with_file_name(format!(".{:06x}", rand::random::<u32>() & 0xff_ffff));
+        match UnixListener::bind(&tmp) {
+            Ok(listener) => break (listener, tmp),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 8 => tries += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    let private = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = private {
+        let _ = remove_if_exists(&tmp);
+        return Err(e);
+    }
+    Ok(listener)
+}
+
 /// How long after the connections' shutdown grace the servers may take to
 /// notice that their connections are gone.
 const SERVER_EXIT_MARGIN: Duration = Duration::from_millis(500);
@@ -453,114 +514,6 @@ impl reg::registration_server::Registration for RegistrationService {
         Ok(Response::new(reg::RegistrationStatusResponse {}))
     }
 }
-
-struct DraService<D: Driver> {
-    pipeline: Arc<ClaimPipeline<D>>,
-    metrics: PluginMetrics,
-}
-
-fn pipeline_status(e: PipelineError) -> Status {
-    tracing::error!(error = %e, "DRA call failed as a whole");
-    Status::internal(e.to_string())
-}
-
-macro_rules! dra_service_version {
-    ($pb:ident) => {
-        impl From<$pb::Claim> for ClaimRef {
-            fn from(c: $pb::Claim) -> Self {
-                ClaimRef {
-                    namespace: c.namespace,
-                    name: c.name,
-                    uid: c.uid,
-                }
-            }
-        }
-
-        // v1's Device has `share_id` (left unset), v1beta1's has not.
-        #[allow(clippy::needless_update)]
-        #[tonic::async_trait]
-        impl<D: Driver> $pb::dra_plugin_server::DraPlugin for DraService<D> {
-            async fn node_prepare_resources(
-                &self,
-                request: Request<$pb::NodePrepareResourcesRequest>,
-            ) -> Result<Response<$pb::NodePrepareResourcesResponse>, Status> {
-                let _in_flight = self.metrics.in_flight("prepare");
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(ClaimRef::from)
-                    .collect();
-                let answers = self
-                    .pipeline
-                    .prepare(claims)
-                    .await
-                    .map_err(pipeline_status)?;
-                let claims = answers
-                    .into_iter()
-                    .map(|(uid, outcome)| {
-                        let entry = match outcome {
-                            Ok(devices) => $pb::NodePrepareResourceResponse {
-                                devices: devices
-                                    .into_iter()
-                                    .map(|d| $pb::Device {
-                                        request_names: d.request_names,
-                                        pool_name: d.pool,
-                                        device_name: d.device,
-                                        cdi_device_ids: d.cdi_device_ids,
-                                        ..Default::default()
-                                    })
-                                    .collect(),
-                                error: String::new(),
-                            },
-                            Err(error) => $pb::NodePrepareResourceResponse {
-                                devices: Vec::new(),
-                                error,
-                            },
-                        };
-                        (uid, entry)
-                    })
-                    .collect();
-                Ok(Response::new($pb::NodePrepareResourcesResponse { claims }))
-            }
-
-            async fn node_unprepare_resources(
-                &self,
-                request: Request<$pb::NodeUnprepareResourcesRequest>,
-            ) -> Result<Response<$pb::NodeUnprepareResourcesResponse>, Status> {
-                let _in_flight = self.metrics.in_flight("unprepare");
-                let claims = request
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(ClaimRef::from)
-                    .collect();
-                let answers = self
-                    .pipeline
-                    .unprepare(claims)
-                    .await
-                    .map_err(pipeline_status)?;
-                let claims = answers
-                    .into_iter()
-                    .map(|(uid, outcome)| {
-                        (
-                            uid,
-                            $pb::NodeUnprepareResourceResponse {
-                                error: outcome.err().unwrap_or_default(),
-                            },
-                        )
-                    })
-                    .collect();
-                Ok(Response::new($pb::NodeUnprepareResourcesResponse {
-                    claims,
-                }))
-            }
-        }
-    };
-}
-
-dra_service_version!(dra_v1);
-dra_service_version!(dra_v1beta1);
 
 mod sweep;
 

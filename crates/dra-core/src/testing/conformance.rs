@@ -36,7 +36,7 @@ use crate::prepare::metrics::PluginMetrics;
 /// The node's pool.
 pub const POOL: &str = "node-a";
 /// The uid of the claim each case refuses.
-pub const BAD_UID: &str = "uid-bad";
+pub const BAD_UID: &str = "0bad0000-0000-4000-8000-000000000bad";
 /// The claim's namespace.
 pub const NAMESPACE: &str = "ml";
 
@@ -242,7 +242,7 @@ impl Node {
         };
         self.assert_nothing_left(BAD_UID);
         let good = &self.devices[0];
-        let uid = format!("uid-good-{}", self.claims.get_count());
+        let uid = format!("600d0000-0000-4000-8000-{:012}", self.claims.get_count());
         self.claims.insert(self.claim_of(
             &uid,
             good,
@@ -429,8 +429,8 @@ where
         vec![],
     );
     n.refused(bad).await;
-    n.claims.insert(n.claim_of("uid-kept", &kept, vec![]));
-    n.prepare("uid-kept")
+    n.claims.insert(n.claim_of("4e000000-0000-4000-8000-0000000000e7", &kept, vec![]));
+    n.prepare("4e000000-0000-4000-8000-0000000000e7")
         .await
         .unwrap_or_else(|e| panic!("{case}: the good device was left half-prepared: {e}"));
     cases += 1;
