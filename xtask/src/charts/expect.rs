@@ -26,9 +26,6 @@ pub struct Expect {
     /// `deviceAttributesFiles` (the files' directory is not set in any
     /// values file: it sits beside the CDI root).
     pub device_attributes_files: bool,
-    /// `deviceAttributesFiles` (the files' directory is not set in any
-    /// values file: it sits beside the CDI root).
-    pub device_attributes_files: bool,
     pub sysfs_root: String,
     pub dev_root: String,
     pub privileged: bool,
@@ -122,7 +119,6 @@ impl Expect {
             plugins_dir: "/var/lib/kubelet/plugins".into(),
             cdi_root: "/var/run/cdi".into(),
             device_attributes_files: true,
-            device_attributes_files: true,
             sysfs_root: "/sys".into(),
             dev_root: "/dev".into(),
             privileged: false,
@@ -185,7 +181,6 @@ impl Expect {
                 registrar_dir: "/data/kubelet/plugins_registry".into(),
                 plugins_dir: "/data/kubelet/plugins".into(),
                 cdi_root: "/etc/cdi".into(),
-                device_attributes_files: false,
                 device_attributes_files: false,
                 sysfs_root: "/opt/aws-dra/fixtures/p5/sys".into(),
                 dev_root: "/opt/aws-dra/fixtures/p5/dev".into(),
