@@ -25,6 +25,7 @@ mod bad_input;
 mod cel_agreement;
 mod charts;
 mod clash;
+mod efa_capacity;
 mod health;
 pub mod kit;
 mod lifecycle;
@@ -157,6 +158,8 @@ scenarios! {
         => aws_claims::aws_neuron_claims;
     s27_ultraserver [PartitionableDevices] "4 trn2u kubelets of one UltraServer: groups of 4 and of 2 whole-node pods each on one set with consistent ids; an unsupported mode is refused by name"
         => aws_claims::ultraserver;
+    s31_efa_shared_capacity [ConsumableCapacity] "EFAs shared by capacity on p5: four claims share one EFA (3 x the default 25G, 23G rounded up to 25G), each prepared with its own share; a fifth stays Pending until one goes"
+        => efa_capacity::shared_capacity;
 }
 
 /// The scenario called `name`.
@@ -284,11 +287,17 @@ mod tests {
         assert!(s27.skip_reason(r37).is_none());
         let why = s27.skip_reason(r34).unwrap();
         assert!(why.contains("DRAPartitionableDevices"), "{why}");
+        // EFAs shared by capacity need consumable capacity.
+        let s31 = find("s31_efa_shared_capacity").unwrap();
+        assert!(s31.skip_reason(r37).is_none());
+        let why = s31.skip_reason(r34).unwrap();
+        assert!(why.contains("DRAConsumableCapacity"), "{why}");
         // Everything else runs on every release we test.
         for s in SCENARIOS.iter().filter(|s| {
             s.name != s14.name
                 && s.name != s15.name
                 && s.name != s27.name
+                && s.name != s31.name
                 && !migration.contains(&s.name)
         }) {
             assert_eq!(s.skip_reason(r34), None, "{}", s.name);
