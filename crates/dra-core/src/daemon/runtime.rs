@@ -30,6 +30,7 @@ use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::daemon::apiserver::{ApiServerGate, NODE_READ_BACKOFF};
+use crate::daemon::claim_status;
 use crate::daemon::client::{ClientError, kube_client};
 use crate::daemon::ops::{HealthProbe, OpsError, OpsServer, Readiness};
 use crate::daemon::ready::{Awaited, StartupWaits, mark_when};
@@ -173,8 +174,15 @@ pub(crate) async fn run<D: Driver>(
     plugin_options.device_attributes = plugin_options
         .device_attributes
         .with_source(published_attributes(feeds.devices.clone()));
+    let status = claim_status::setup(
+        client.clone(),
+        &driver_name,
+        feeds.health.clone(),
+        &registry,
+    )?;
     let plugin = KubeletPlugin::new(driver, claims, plugin_options, plugin_metrics)
         .with_health(feeds.health.clone())
+        .with_claim_status(status)
         .start(shutdown.clone())
         .await?;
     let sockets = plugin.sockets.clone();

@@ -234,6 +234,12 @@ impl<D: Driver> KubeletPlugin<D> {
         self
     }
 
+    /// Write the claims' device status (`status.devices`) through `setup`.
+    pub(crate) fn with_claim_status(mut self, setup: StatusSetup) -> Self {
+        self.status = Some(setup);
+        self
+    }
+
     /// Binds both sockets (plugin first, so kubelet never finds a
     /// registration that points nowhere) and serves until `shutdown`.
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
@@ -252,6 +258,11 @@ impl<D: Driver> KubeletPlugin<D> {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
 
+        let (driver, pool) = (Arc::clone(&self.driver), self.options.pool.clone());
+        let name = &self.options.driver_name;
+        let status = self
+            .status
+            .map(|s| s.start(driver, name, pool, shutdown.clone()));
         let pipeline = Arc::new(ClaimPipeline {
             driver_name: self.options.driver_name.clone(),
             pool: self.options.pool.clone(),
@@ -277,6 +288,7 @@ impl<D: Driver> KubeletPlugin<D> {
             release_wait: self.options.device_release_wait,
             released: tokio::sync::Notify::new(),
             group: Default::default(),
+            status: status.unwrap_or_default(),
         });
         // The prepared gauges, from what an earlier run left prepared (a
         // failure here shows again, and is handled, at the first call).

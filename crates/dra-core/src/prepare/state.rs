@@ -94,6 +94,7 @@ pub(crate) struct ClaimPipeline<D: Driver> {
     pub(crate) released: Notify,
     /// Work of concurrent calls waiting for the next group commit.
     pub(crate) group: group::Queue,
+    pub(crate) status: crate::prepare::status::ClaimStatus,
 }
 
 impl<D: Driver> ClaimPipeline<D> {
@@ -160,8 +161,7 @@ impl<D: Driver> ClaimPipeline<D> {
                 () = tokio::time::sleep_until(poll.min(deadline)) => {}
             }
         }
-        // Where the time of one call went, for latency work (kubelet
-        // measures the whole call; the per-claim line above only the claim).
+        // Where the call's time went (kubelet times the whole call, the line above each claim).
         tracing::debug!(
             claims = requested.len(),
             get_seconds,
@@ -172,6 +172,7 @@ impl<D: Driver> ClaimPipeline<D> {
             total_seconds = call_started.elapsed().as_secs_f64(),
             "prepare call timings"
         );
+        self.status.prepared(requested, &call.fetched, &answers);
         Ok(answers)
     }
 
@@ -526,6 +527,7 @@ impl<D: Driver> ClaimPipeline<D> {
             }
             answers.insert(claim.uid.clone(), outcome);
         }
+        self.status.unprepared(requested, &answers);
         answers
     }
 }

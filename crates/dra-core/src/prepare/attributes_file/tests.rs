@@ -380,6 +380,7 @@ fn pipeline(dir: &Path, claims: &InMemoryClaimSource) -> ClaimPipeline<NodesDriv
         release_wait: std::time::Duration::ZERO,
         released: Default::default(),
         group: Default::default(),
+        status: Default::default(),
     }
 }
 

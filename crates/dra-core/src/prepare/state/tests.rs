@@ -136,6 +136,7 @@ fn pipeline_with_metrics(
         release_wait,
         released: Notify::new(),
         group: group::Queue::default(),
+        status: Default::default(),
         pool: None,
     })
 }

@@ -103,7 +103,7 @@ impl ClaimStatus {
     /// After a prepare call: every claim answered with devices gets its
     /// entries (again, for one answered from the checkpoint: the task skips
     /// what it already wrote). `fetched` is aligned with `requested`.
-    pub(crate) fn after_prepare<T>(
+    pub(crate) fn prepared<T>(
         &self,
         requested: &[ClaimRef],
         fetched: &[Result<Option<ResourceClaim>, ClaimSourceError>],
@@ -122,7 +122,7 @@ impl ClaimStatus {
 
     /// After an unprepare call: every claim released gets its entries
     /// cleared.
-    pub(crate) fn after_unprepare(
+    pub(crate) fn unprepared(
         &self,
         requested: &[ClaimRef],
         answers: &BTreeMap<String, Result<(), String>>,

@@ -389,7 +389,7 @@ async fn the_pipeline_end_sends_answered_claims_and_counts_a_full_queue() {
     ]
     .into_iter()
     .collect();
-    status.after_prepare(
+    status.prepared(
         &[a.clone(), b.clone()],
         &[Ok(Some(object_a)), Ok(Some(object_b))],
         &answers,
@@ -401,11 +401,11 @@ async fn the_pipeline_end_sends_answered_claims_and_counts_a_full_queue() {
         [(a.uid.clone(), Ok(())), (b.uid.clone(), Ok(()))]
             .into_iter()
             .collect();
-    status.after_unprepare(&[a.clone(), b.clone()], &both);
+    status.unprepared(&[a.clone(), b.clone()], &both);
     assert!(matches!(rx.try_recv(), Ok(Event::Unprepared { claim }) if claim == a));
     assert_eq!(metrics.count("dropped"), 1, "the second did not fit");
     // The default end writes nothing and never blocks.
-    ClaimStatus::default().after_unprepare(&[a], &both);
+    ClaimStatus::default().unprepared(&[a], &both);
 }
 
 #[test]

@@ -226,7 +226,8 @@ impl<D: Driver> Tracker<D> {
                 if slot.healthy != *healthy {
                     slot.since = now;
                 }
-                if slot.healthy != *healthy || slot.health_message != *message {
+                // A healthy entry's message does not say what the scan saw.
+                if slot.healthy != *healthy || (!*healthy && slot.health_message != *message) {
                     slot.healthy = *healthy;
                     slot.health_message = message.clone();
                     any = true;
