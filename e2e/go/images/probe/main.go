@@ -1,12 +1,15 @@
 // Command probe is the test workload of the local end-to-end cluster.
 //
 // From inside its container it reports what it was given: every device node
-// under /dev (recursively, so /dev/infiniband/uverbsN and /dev/neuronN show)
-// and its environment, in a line format tests parse:
+// under /dev (recursively, so /dev/infiniband/uverbsN and /dev/neuronN show),
+// its environment, and every file under the device attributes directory
+// (KEP-5304: mounted by the drivers' CDI specs) with its size and SHA-256, so
+// a test compares it with the file on the host; in a line format tests parse:
 //
 //	probe-begin
 //	dev <path> <char|block> <major>:<minor>
 //	env <NAME>=<value>
+//	file <path> <size> <sha256 hex>
 //	probe-end
 //
 // then it sleeps until SIGTERM/SIGINT, so the pod stays Running and its claims
@@ -14,6 +17,7 @@
 package main
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"io/fs"
 	"os"
@@ -64,11 +68,41 @@ func main() {
 	for _, kv := range env {
 		fmt.Printf("env %s\n", kv)
 	}
+	reportFiles(attributesDir)
 	fmt.Println("probe-end")
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM)
 	<-signals
+}
+
+// attributesDir is where device attributes files appear in a container.
+const attributesDir = "/var/run/kubernetes.io/dra-device-attributes"
+
+// reportFiles prints a file line for every regular file under dir; a missing
+// dir prints nothing (a pod without such files), other errors are reported.
+func reportFiles(dir string) {
+	err := filepath.WalkDir(dir, func(path string, entry fs.DirEntry, err error) error {
+		if err != nil {
+			if !os.IsNotExist(err) {
+				fmt.Printf("error %s %v\n", path, err)
+			}
+			return nil
+		}
+		if !entry.Type().IsRegular() {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			fmt.Printf("error %s %v\n", path, err)
+			return nil
+		}
+		fmt.Printf("file %s %d %x\n", path, len(data), sha256.Sum256(data))
+		return nil
+	})
+	if err != nil {
+		fmt.Printf("error %s %v\n", dir, err)
+	}
 }
 
 // major and minor decode a Linux dev_t the way glibc's gnu_dev_major/minor do.
