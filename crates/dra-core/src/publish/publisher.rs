@@ -62,6 +62,11 @@ use schedule::Schedule;
 use settle::OwnWrites;
 use taints::TaintSupport;
 
+// Public for the test helpers only (see `crate::testing`); a `pub use`
+// in a build without them would be unreachable.
+#[cfg(not(feature = "testing"))]
+pub(crate) use config::{PublishMetrics, PublisherConfig, PublisherConfigError};
+#[cfg(feature = "testing")]
 pub use config::{PublishMetrics, PublisherConfig, PublisherConfigError};
 
 /// Runs the publisher until `shutdown` completes. Spawn it as its own task.

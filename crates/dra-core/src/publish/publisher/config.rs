@@ -32,7 +32,7 @@ pub struct PublishMetrics {
     /// `aws_dra_publish_pool_devices`: devices in the pool after the last successful sync.
     pub published_devices: IntGauge,
     /// `aws_dra_publish_errors_total{operation}`: failed API calls
-    /// (`create`/`update`/`delete`/`watch`).
+    /// (`create`/`update`/`delete`/`get`/`watch`).
     pub publish_errors: IntCounterVec,
     /// `aws_dra_publish_last_success_timestamp_seconds`: Unix time of the last
     /// reconcile that left the pool in sync (written or already equal).
