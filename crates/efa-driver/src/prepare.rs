@@ -20,13 +20,16 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use dra_core::{
-    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
+    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, DeviceStatus, Driver,
+    DriverError,
 };
 use topology::SysfsRoot;
 
 use crate::attributes::parse_device_name;
 use crate::config::EfaConfig;
 use crate::discovery::{self, INFINIBAND_DEV_DIR, UnusableReason};
+
+mod status;
 
 /// Env var listing the claim's RDMA device names, e.g. `rdmap79s0,rdmap80s0`.
 pub const ENV_RDMA_DEVICES: &str = "EFA_RDMA_DEVICES";
@@ -154,5 +157,15 @@ impl Driver for EfaDriver {
         })?;
         tracing::info!(claim = %claim, devices = edits.len(), "prepared EFAs");
         Ok(edits)
+    }
+
+    /// RDMA device, verbs node, placement, port state; the interface when
+    /// there is one (see [`status`]).
+    fn device_status(
+        &self,
+        _claim: &ClaimRef,
+        devices: &[AllocatedDevice<EfaConfig>],
+    ) -> Vec<DeviceStatus> {
+        status::device_status(&self.sysfs, devices)
     }
 }

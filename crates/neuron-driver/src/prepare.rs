@@ -23,7 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 
 use dra_core::{
-    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
+    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, DeviceStatus, Driver,
+    DriverError,
 };
 
 use crate::config::NeuronConfig;
@@ -33,6 +34,8 @@ use crate::lnc::{
 };
 use crate::partitions::{DeviceRef, parse_device_ref};
 use crate::ultraserver::{ModeError, UltraServer};
+
+mod status;
 
 /// Env var with the visible logical cores.
 pub const ENV_VISIBLE_CORES: &str = "NEURON_RT_VISIBLE_CORES";
@@ -315,6 +318,16 @@ impl Driver for NeuronDriver {
             Err(error) => tracing::warn!(claim = %claim, %error, "cannot prepare Neuron devices"),
         }
         result.map_err(DriverError::new)
+    }
+
+    /// Chip, cores, LNC and visible cores of each device (see [`status`]).
+    fn device_status(
+        &self,
+        _claim: &ClaimRef,
+        devices: &[AllocatedDevice<NeuronConfig>],
+    ) -> Vec<DeviceStatus> {
+        let inventory = self.inventory.read().unwrap_or_else(|e| e.into_inner());
+        status::device_status(&inventory, devices)
     }
 
     /// A chip is its own piece and each of its cores; a core is that core;
