@@ -1,6 +1,7 @@
 //! Where things are on this machine and what its processes use: the driver
 //! binaries, the repository's examples, free loopback ports, a plain HTTP
-//! GET for metrics endpoints, and a process's resident memory.
+//! GET for metrics endpoints, a process's resident memory, and the files of
+//! a directory.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -89,5 +90,30 @@ mod tests {
     #[test]
     fn rss_of_this_process_is_known() {
         assert!(rss_kib(std::process::id() as i32).unwrap() > 0);
+    }
+}
+
+/// File names in `dir` on this machine, sorted; none when it does not exist.
+pub fn list_dir(dir: &Path) -> Result<Vec<String>> {
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            let mut names: Vec<String> = entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            Ok(names)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io("listing", dir)(e)),
+    }
+}
+
+/// The file at `path` on this machine; `None` when it does not exist.
+pub fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io("reading", path)(e)),
     }
 }

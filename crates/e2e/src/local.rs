@@ -30,12 +30,12 @@ use serde_json::{Value, json};
 use sysfs_fixtures::Fixture;
 
 use crate::charts::{self, Helm};
-use crate::host_env::{driver_bin_dir, free_port, http_get, rss_kib};
+use crate::host_env::{driver_bin_dir, free_port, http_get, list_dir, read_if_exists, rss_kib};
 use crate::manifests;
 use crate::manifests::GPU_TEST_MANIFEST;
 use crate::pod_adapt::adapt_pod_for_local;
 use crate::pools::wait_pool_complete;
-use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, NodeInfo, Testbed};
+use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, NodeDir, NodeInfo, Testbed};
 use local_cluster::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
 use local_cluster::error::{Error, Result, io};
 use local_cluster::toolchain::PAUSE_IMAGE;
@@ -317,6 +317,13 @@ impl LocalTestbed {
             .map_err(|_| Error::Testbed("testbed state poisoned".into()))
     }
 
+    fn cdi_dir(&self, node: &str) -> Result<PathBuf> {
+        let nodes = self.lock_nodes()?;
+        let n = nodes.iter().find(|n| n.info.name == node);
+        n.map(|n| n.cdi_dir.clone())
+            .ok_or_else(|| Error::Testbed(format!("no node {node}")))
+    }
+
     fn with_slot<T>(
         &self,
         node: &str,
@@ -540,27 +547,12 @@ impl Testbed for LocalTestbed {
             .ok_or_else(|| Error::Testbed(format!("no node {node}")))
     }
 
-    fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>> {
-        let dir = {
-            let nodes = self.lock_nodes()?;
-            nodes
-                .iter()
-                .find(|n| n.info.name == node)
-                .map(|n| n.cdi_dir.clone())
-                .ok_or_else(|| Error::Testbed(format!("no node {node}")))?
-        };
-        let mut names = Vec::new();
-        match std::fs::read_dir(&dir) {
-            Ok(entries) => {
-                for e in entries.flatten() {
-                    names.push(e.file_name().to_string_lossy().into_owned());
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io("listing", &dir)(e)),
-        }
-        names.sort();
-        Ok(names)
+    fn node_dir_files(&self, node: &str, dir: NodeDir) -> Result<Vec<String>> {
+        list_dir(&dir.of(&self.cdi_dir(node)?))
+    }
+
+    fn node_dir_file(&self, node: &str, dir: NodeDir, name: &str) -> Result<Option<Vec<u8>>> {
+        read_if_exists(&dir.of(&self.cdi_dir(node)?).join(name))
     }
 
     fn checkpoint(

@@ -178,6 +178,29 @@ impl TestbedOp {
     }
 }
 
+/// A directory the drivers of a node write to, as scenarios inspect it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeDir {
+    /// The CDI spec directory (the drivers' CDI root).
+    Cdi,
+    /// The device attributes files: `dra-device-attributes` beside the CDI
+    /// root, the drivers' and the charts' default.
+    DeviceAttributes,
+}
+
+impl NodeDir {
+    /// This directory of a node whose CDI root is `cdi_root`.
+    pub fn of(self, cdi_root: &Path) -> PathBuf {
+        match self {
+            NodeDir::Cdi => cdi_root.to_path_buf(),
+            NodeDir::DeviceAttributes => cdi_root
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .join("dra-device-attributes"),
+        }
+    }
+}
+
 /// What [`Testbed::upgrade_driver_image`] did.
 #[derive(Debug, Clone)]
 pub struct ImageUpgrade {
@@ -384,7 +407,14 @@ pub trait Testbed: Send + Sync {
     /// this machine, for [`sysfs_fixtures::health::inject`] and `clear`.
     fn fixture_sysfs(&self, node: &str) -> Result<PathBuf>;
     /// File names in the node's CDI spec directory.
-    fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>>;
+    fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>> {
+        self.node_dir_files(node, NodeDir::Cdi)
+    }
+    /// File names in the node's directory `dir`, sorted (none when it does
+    /// not exist).
+    fn node_dir_files(&self, node: &str, dir: NodeDir) -> Result<Vec<String>>;
+    /// The file `name` of the node's directory `dir`; `None` when absent.
+    fn node_dir_file(&self, node: &str, dir: NodeDir, name: &str) -> Result<Option<Vec<u8>>>;
     /// The driver's checkpoint on `node` (`None` before its first prepare).
     fn checkpoint(
         &self,

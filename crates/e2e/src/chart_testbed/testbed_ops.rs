@@ -2,7 +2,7 @@
 //! stopped through their node labels, crashes as container kills, files and
 //! metrics read through the host.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -12,7 +12,7 @@ use kube::api::PostParams;
 use serde_json::{Value, json};
 
 use crate::charts::{self};
-use crate::testbed::{DriverKind, ImageUpgrade, NodeInfo, Testbed, TestbedOp};
+use crate::testbed::{DriverKind, ImageUpgrade, NodeDir, NodeInfo, Testbed, TestbedOp};
 use local_cluster::error::{Error, Result};
 
 use super::host::{ChartHost, POD_DRIVER_LABEL};
@@ -199,11 +199,21 @@ impl<H: ChartHost> Testbed for ChartTestbed<H> {
         Ok(self.layout(node)?.host_sysfs)
     }
 
-    fn cdi_spec_files(&self, node: &str) -> Result<Vec<String>> {
+    fn node_dir_files(&self, node: &str, dir: NodeDir) -> Result<Vec<String>> {
         let l = self.layout(node)?;
-        let mut names = self.host.list_dir(&l.node_name, &l.paths.cdi_root)?;
+        let path = dir.of(Path::new(&l.paths.cdi_root));
+        let mut names = self
+            .host
+            .list_dir(&l.node_name, &path.display().to_string())?;
         names.sort();
         Ok(names)
+    }
+
+    fn node_dir_file(&self, node: &str, dir: NodeDir, name: &str) -> Result<Option<Vec<u8>>> {
+        let l = self.layout(node)?;
+        let path = dir.of(Path::new(&l.paths.cdi_root)).join(name);
+        self.host
+            .read_file(&l.node_name, &path.display().to_string())
     }
 
     fn checkpoint(
