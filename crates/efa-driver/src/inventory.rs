@@ -102,8 +102,9 @@ pub struct EfaInventory {
     /// The last discovery and the devices built from it, reused while
     /// nothing it depends on changed.
     discoveries: DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Device>)>,
-    /// `--sharing` (or the Node's label), and whether EFAs are shared by
-    /// capacity, settled before the first scan.
+    /// `--sharing`, the flag in effect (the Node's label may replace it),
+    /// and whether EFAs are shared by capacity.
+    sharing_arg: SharingFlag,
     sharing_flag: SharingFlag,
     shared: bool,
 }
@@ -143,6 +144,7 @@ impl EfaInventory {
             samples: BTreeMap::new(),
             counters: BTreeMap::new(),
             discoveries: DiscoveryCache::new(FULL_SCAN_EVERY),
+            sharing_arg: SharingFlag::Exclusive,
             sharing_flag: SharingFlag::Exclusive,
             shared: false,
         }
@@ -151,8 +153,10 @@ impl EfaInventory {
     /// Shares every EFA by capacity from the next discovery on (what
     /// `set_api_support` decides in `run`).
     pub fn share_by_capacity(&mut self, shared: bool) {
-        self.shared = shared;
-        self.discoveries.clear();
+        if self.shared != shared {
+            self.shared = shared;
+            self.discoveries.clear();
+        }
     }
 
     /// The devices of a discovery, shared by capacity when sharing is on
@@ -237,6 +241,7 @@ impl DeviceInventory for EfaInventory {
         metrics: &Registry,
     ) -> Result<Self, InventoryError> {
         let mut inventory = Self::new(host, Some(EfaMetrics::register(metrics)?));
+        inventory.sharing_arg = flags.sharing;
         inventory.sharing_flag = flags.sharing;
         Ok(inventory)
     }
@@ -249,7 +254,7 @@ impl DeviceInventory for EfaInventory {
 
     /// Where a node pool opts in to sharing (or out): [`sharing::SHARING_LABEL`].
     fn set_node_labels(&mut self, labels: &BTreeMap<String, String>) {
-        let (flag, why) = self.sharing_flag.with_node_label(labels);
+        let (flag, why) = self.sharing_arg.with_node_label(labels);
         if let Some(why) = why {
             tracing::info!(reason = why, "EFA sharing from the Node label");
         }
@@ -422,5 +427,45 @@ mod tests {
             }
         }
         assert!(seen_after.is_some(), "the NUMA change was never seen");
+    }
+
+    /// The Node label opts a node in to sharing; EFAs are published shared
+    /// (100G per p5 EFA) only where the server keeps the fields, and
+    /// exclusive again when it does not or the label goes.
+    #[test]
+    fn sharing_follows_the_label_and_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
+        let host = HostPaths {
+            sysfs_root: fixture.sys.clone(),
+            dev_root: fixture.dev.clone(),
+        };
+        let mut inventory = EfaInventory::new(&host, None);
+        let support = |kept| ApiSupport {
+            consumable_capacity: Some(kept),
+            ..ApiSupport::unknown()
+        };
+        let label = BTreeMap::from([(sharing::SHARING_LABEL.to_owned(), "capacity".to_owned())]);
+        let shared = |inventory: &mut EfaInventory| {
+            let scanned = inventory.scan().unwrap();
+            assert_eq!(scanned.len(), 32);
+            let n = scanned
+                .iter()
+                .filter(|d| d.device.allow_multiple_allocations == Some(true))
+                .count();
+            for d in scanned.iter().filter_map(|d| d.device.capacity.as_ref()) {
+                assert_eq!(d[sharing::BANDWIDTH].value.0, "100G");
+            }
+            n
+        };
+        assert_eq!(shared(&mut inventory), 0, "exclusive by default");
+        inventory.set_node_labels(&label);
+        inventory.set_api_support(&support(true));
+        assert_eq!(shared(&mut inventory), 32);
+        inventory.set_api_support(&support(false));
+        assert_eq!(shared(&mut inventory), 0, "the server drops the fields");
+        inventory.set_node_labels(&BTreeMap::new());
+        inventory.set_api_support(&support(true));
+        assert_eq!(shared(&mut inventory), 0, "the label is gone");
     }
 }
