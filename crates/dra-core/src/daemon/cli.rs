@@ -231,6 +231,9 @@ pub(crate) struct DiscoverCommand<X: Args = NoExtraArgs> {
 
 /// The subcommands.
 #[derive(Debug, Clone, PartialEq, Eq, Subcommand)]
+// Parsed once per process and consumed at once: boxing `run` would save
+// nothing worth an indirection.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum DriverCommand<X: Args = NoExtraArgs> {
     /// Serve the kubelet plugin and publish devices (the DaemonSet entry point; the default).
     Run(RunCommand<X>),
