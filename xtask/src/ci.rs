@@ -212,7 +212,13 @@ fn fuzz_smoke() -> Step {
 }
 
 fn steps() -> Vec<Step> {
-    let mut steps = vec![step("fmt", 300, &["fmt", "--all", "--check"]), fuzz_smoke()];
+    let mut steps = vec![
+        // What the machine needs that the project does not install (a few
+        // seconds): every missing tool named at once, before any build.
+        step("doctor", 300, &["xtask", "doctor"]),
+        step("fmt", 300, &["fmt", "--all", "--check"]),
+        fuzz_smoke(),
+    ];
     // Kubernetes (every CI release), etcd and containerd from their Go
     // modules (cached under ~/.cache/aws-dra; seconds when warm, ~10 minutes
     // a release cold on 2 cores, up to ~1,700 s each with other work beside

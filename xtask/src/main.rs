@@ -12,6 +12,7 @@ mod demo;
 mod docker;
 mod docs_anchors;
 mod docs_links;
+mod doctor;
 mod e2e;
 #[cfg(test)]
 mod examples;
@@ -71,6 +72,8 @@ enum Task {
     SupplyChain,
     /// Every file under docs/ reachable from docs/README.md, no broken relative link.
     DocsLinks,
+    /// Whether this machine has what `demo` and `ci` need, and how to install what it lacks.
+    Doctor,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -85,6 +88,7 @@ fn main() -> anyhow::Result<()> {
         Task::Fuzz(args) => fuzz::run(args),
         Task::SupplyChain => supply_chain::run(),
         Task::DocsLinks => docs_links::run(),
+        Task::Doctor => doctor::run(),
         Task::KrewManifest(args) => krew::run(args),
         Task::Bench(args) => bench::run(args),
         Task::Chaos(args) => chaos::run(args),

@@ -65,7 +65,7 @@ fn e2e_legs_cover_both_releases_after_their_preparation() {
     assert!(steps[first_leg..batch_end].iter().all(|s| s.lane.is_some()));
     assert_eq!(names[batch_end], "charts");
     assert!(steps[..first_leg].iter().all(|s| s.lane.is_none()));
-    assert_eq!(names[0], "fmt");
+    assert_eq!(names[..2], ["doctor", "fmt"]);
     // The checks give way to the legs; the legs and the steps on the
     // way to them run at normal priority.
     for s in &steps {
@@ -76,7 +76,7 @@ fn e2e_legs_cover_both_releases_after_their_preparation() {
             s.name
         );
     }
-    // The fuzz smoke run is the one background step: right after fmt,
+    // The fuzz smoke run is the one background step: right after doctor and fmt,
     // so it runs beside the Kubernetes and image builds.
     let background: Vec<&str> = steps
         .iter()
@@ -84,8 +84,8 @@ fn e2e_legs_cover_both_releases_after_their_preparation() {
         .map(|s| s.name.as_str())
         .collect();
     assert_eq!(background, ["fuzz-smoke"]);
-    assert_eq!(names[1], "fuzz-smoke");
-    assert!(steps[1].lane.is_none());
+    assert_eq!(names[2], "fuzz-smoke");
+    assert!(steps[2].lane.is_none());
     let prepare = steps
         .iter()
         .find(|s| s.name == format!("e2e-prepare-{main}"))
