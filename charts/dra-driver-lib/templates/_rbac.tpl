@@ -14,6 +14,14 @@ Least-privilege access of the node plugin:
 - events: create, for the Node event when another driver publishes the same
   devices on the node (reason DevicesPublishedByAnotherDriver, namespace
   default, as kubelet's Node events); never read, updated or deleted.
+- resourceclaims/status: patch, update, to write the claim's status.devices
+  entries of the devices it prepared (server-side apply). Since 1.36
+  (DRAResourceClaimGranularStatusAuthorization) the API server also checks
+  the synthetic resourceclaims/driver subresource, named by the driver:
+  associated-node:patch/update let a driver whose token is bound to the
+  claim's node write its own driver's entries there, and nothing on other
+  nodes (arbitrary-node:* is not granted). Older API servers ignore that
+  rule; the admission policy confines status writes on every release.
 */}}
 {{- define "dra-driver-lib.serviceaccount" -}}
 {{- if .Values.serviceAccount.create -}}
@@ -43,6 +51,13 @@ rules:
   - apiGroups: ["resource.k8s.io"]
     resources: ["resourceclaims"]
     verbs: ["get"]
+  - apiGroups: ["resource.k8s.io"]
+    resources: ["resourceclaims/status"]
+    verbs: ["patch", "update"]
+  - apiGroups: ["resource.k8s.io"]
+    resources: ["resourceclaims/driver"]
+    resourceNames: [{{ .Values.driver.name | quote }}]
+    verbs: ["associated-node:patch", "associated-node:update"]
   - apiGroups: ["resource.k8s.io"]
     resources: ["resourceslices"]
     verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]

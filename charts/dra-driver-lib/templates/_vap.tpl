@@ -130,3 +130,82 @@ spec:
   validationActions: [Deny]
 {{- end -}}
 {{- end -}}
+
+{{/*
+The driver writes the status.devices entries of the claims it prepared
+(RBAC: resourceclaims/status patch/update). RBAC cannot narrow that to one
+node, one driver or one field, and before 1.36 the API server checks nothing
+more; so this policy does, on every release: the driver's service account
+may add, change or remove only entries of its own driver in the pool of the
+node its token is bound to (the pool is the node name); every other entry,
+the allocation and reservedFor stay as they were. From 1.36 the API server's
+own resourceclaims/driver check (associated-node verbs) says the same for
+the driver and the node.
+*/}}
+{{- define "dra-driver-lib.claimstatuspolicy" -}}
+{{- if .Values.validatingAdmissionPolicy.enabled -}}
+{{- $name := printf "%s-resourceclaims" (include "dra-driver-lib.fullname" .) | trunc 63 | trimSuffix "-" -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: ["resource.k8s.io"]
+        apiVersions: ["*"]
+        operations: ["UPDATE"]
+        resources: ["resourceclaims/status"]
+  matchConditions:
+    - name: is-this-driver
+      expression: >-
+        request.userInfo.username == "system:serviceaccount:{{ .Release.Namespace }}:{{ include "dra-driver-lib.serviceAccountName" . }}"
+  variables:
+    - name: userNodeName
+      expression: >-
+        request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')
+    - name: others
+      expression: >-
+        object.status.?devices.orValue([]).filter(d,
+          d.driver != {{ .Values.driver.name | quote }} || d.pool != variables.userNodeName)
+    - name: oldOthers
+      expression: >-
+        oldObject.status.?devices.orValue([]).filter(d,
+          d.driver != {{ .Values.driver.name | quote }} || d.pool != variables.userNodeName)
+    - name: allocation
+      expression: >-
+        has(object.status) && has(object.status.allocation) ? [object.status.allocation] : []
+    - name: oldAllocation
+      expression: >-
+        has(oldObject.status) && has(oldObject.status.allocation) ? [oldObject.status.allocation] : []
+  validations:
+    - expression: variables.userNodeName != ''
+      message: >-
+        the request carries no node name: the driver must run in a pod whose service account
+        token is bound to its node (feature ServiceAccountTokenPodNodeInfo)
+    - expression: >-
+        variables.others.size() == variables.oldOthers.size() &&
+        variables.others.all(d, d in variables.oldOthers)
+      messageExpression: >-
+        "the driver on node '" + variables.userNodeName + "' may only write the status.devices
+        entries of driver {{ .Values.driver.name }} in pool '" + variables.userNodeName + "'"
+    - expression: >-
+        variables.allocation == variables.oldAllocation &&
+        object.status.?reservedFor.orValue([]) == oldObject.status.?reservedFor.orValue([])
+      message: >-
+        this service account may not change a claim's allocation or reservedFor
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ $name }}
+  labels:
+    {{- include "dra-driver-lib.labels" . | nindent 4 }}
+spec:
+  policyName: {{ $name }}
+  validationActions: [Deny]
+{{- end -}}
+{{- end -}}

@@ -10,7 +10,7 @@ use crate::charts::rendering::{Rendering, id, json, one};
 use crate::charts::specs::ChartSpec;
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 
-pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
+pub fn check_rbac(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()> {
     let role = one(&r.cluster_roles, Some(&expect.fullname))?;
     let rules = role
         .rules
@@ -29,6 +29,17 @@ pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
         ("", "events", vec!["create"]),
         ("", "nodes", expect.node_verbs.to_vec()),
         ("resource.k8s.io", "resourceclaims", vec!["get"]),
+        // Since 1.36 writing status.devices also needs this, per driver name.
+        (
+            "resource.k8s.io",
+            "resourceclaims/driver",
+            vec!["associated-node:patch", "associated-node:update"],
+        ),
+        (
+            "resource.k8s.io",
+            "resourceclaims/status",
+            vec!["patch", "update"],
+        ),
         (
             "resource.k8s.io",
             "resourceslices",
@@ -41,6 +52,23 @@ pub fn check_rbac(expect: &Expect, r: &Rendering) -> Result<()> {
         got == want,
         "{} rules are not least-privilege:\n got {got:?}\nwant {want:?}",
         id(role)
+    );
+    // Only the driver's own entries: the rule names the driver, and no
+    // `arbitrary-node:` verb lets it write claims of other nodes.
+    let named: Vec<_> = rules
+        .iter()
+        .filter(|rule| rule.resource_names.is_some())
+        .map(|rule| (rule.resources.clone(), rule.resource_names.clone()))
+        .collect();
+    ensure!(
+        named
+            == [(
+                Some(vec!["resourceclaims/driver".to_owned()]),
+                Some(vec![spec.driver.to_owned()])
+            )],
+        "{}: the resourceclaims/driver rule must name exactly the driver {}: {named:?}",
+        id(role),
+        spec.driver
     );
     let binding = one(&r.cluster_role_bindings, Some(&expect.fullname))?;
     // Exactly one subject: any other would be granted the driver's rights.
@@ -71,14 +99,15 @@ fn policy_name(expect: &Expect, suffix: &str) -> String {
 pub fn check_vap(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()> {
     let patches_nodes = spec.node_verbs.contains(&"patch");
     ensure!(
-        r.policies.len() == 1 + usize::from(patches_nodes),
+        r.policies.len() == 2 + usize::from(patches_nodes),
         "expected {} admission policies, found {:?}",
-        1 + usize::from(patches_nodes),
+        2 + usize::from(patches_nodes),
         r.policies.iter().map(id).collect::<Vec<_>>()
     );
     if patches_nodes {
         check_node_policy(expect, r)?;
     }
+    check_claim_status_policy(spec, expect, r)?;
     let (policy, p) = matching_policy(
         expect,
         r,
@@ -170,7 +199,23 @@ fn matching_policy<'r>(
     &'r ValidatingAdmissionPolicy,
     &'r k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
 )> {
-    let policy = one(&r.policies, Some(&policy_name(expect, resource)))?;
+    matching_policy_named(expect, r, resource, resource, group, operations)
+}
+
+/// [`matching_policy`] for a policy named after `suffix` that matches
+/// `resource` (a subresource such as `resourceclaims/status`).
+fn matching_policy_named<'r>(
+    expect: &Expect,
+    r: &'r Rendering,
+    suffix: &str,
+    resource: &str,
+    group: &str,
+    operations: &[&str],
+) -> Result<(
+    &'r ValidatingAdmissionPolicy,
+    &'r k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
+)> {
+    let policy = one(&r.policies, Some(&policy_name(expect, suffix)))?;
     let p = policy
         .spec
         .as_ref()
@@ -224,6 +269,56 @@ fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
         "variables.userNodeName == object.metadata.name".to_owned(),
         "k.startsWith('neuron.amazonaws.com/ultraserver-')".to_owned(),
         "object.spec == oldObject.spec".to_owned(),
+    ] {
+        ensure!(
+            cel.iter().any(|e| e.contains(&needle)),
+            "{}: no CEL expression of the policy contains `{needle}`",
+            id(policy)
+        );
+    }
+    check_binding(r, policy)
+}
+
+/// The driver may patch claim status (its `status.devices` entries): a
+/// policy confines that to its own driver's entries in its own node's pool,
+/// and keeps the allocation and reservedFor as they were.
+fn check_claim_status_policy(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()> {
+    let (policy, p) = matching_policy_named(
+        expect,
+        r,
+        "resourceclaims",
+        "resourceclaims/status",
+        "resource.k8s.io",
+        &["UPDATE"],
+    )?;
+    let user = format!(
+        "system:serviceaccount:{NAMESPACE}:{}",
+        expect.service_account
+    );
+    let cel: Vec<&str> = p
+        .match_conditions
+        .iter()
+        .flatten()
+        .map(|c| c.expression.as_str())
+        .chain(p.variables.iter().flatten().map(|v| v.expression.as_str()))
+        .chain(
+            p.validations
+                .iter()
+                .flatten()
+                .map(|v| v.expression.as_str()),
+        )
+        .collect();
+    for needle in [
+        format!("request.userInfo.username == \"{user}\""),
+        "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0]".to_owned(),
+        format!(
+            "d.driver != \"{}\" || d.pool != variables.userNodeName",
+            spec.driver
+        ),
+        "variables.others.all(d, d in variables.oldOthers)".to_owned(),
+        "variables.allocation == variables.oldAllocation".to_owned(),
+        "object.status.?reservedFor.orValue([]) == oldObject.status.?reservedFor.orValue([])"
+            .to_owned(),
     ] {
         ensure!(
             cel.iter().any(|e| e.contains(&needle)),

@@ -35,7 +35,7 @@ pub fn check_rendered(spec: &ChartSpec, expect: &Expect, objs: &[Value]) -> Resu
     );
     if expect.rbac {
         one(&r.service_accounts, Some(&expect.service_account))?;
-        check_rbac(expect, &r)?;
+        check_rbac(spec, expect, &r)?;
     } else {
         ensure!(
             r.cluster_roles.is_empty(),
@@ -287,7 +287,9 @@ mod tests {
                 |o| ds_container(o)["securityContext"]["readOnlyRootFilesystem"] = false.into(),
             ),
             ("sysfs writable", "volume sys: readOnly false", |o| {
-                ds_container(o)["volumeMounts"][3]["readOnly"] = false.into()
+                let mounts = ds_container(o)["volumeMounts"].as_array_mut().unwrap();
+                let sys = mounts.iter_mut().find(|m| m["name"] == "sys").unwrap();
+                sys["readOnly"] = false.into()
             }),
             (
                 "mount path differs from host path",
