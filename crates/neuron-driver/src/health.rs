@@ -23,83 +23,98 @@
 //! is what clears these conditions.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use dra_core::{HealthCondition, Severity};
+use topology::held::HeldFile;
 
-/// The health files of the node's chips, held open between scans, and each
-/// chip's NeuronCore directories.
+/// The counter conditions, each with its file in the plain layout and in
+/// the `health_status/` one.
+const COUNTERS: [(&str, Severity, [&str; 2]); 3] = [
+    (
+        "sram-ecc-uncorrected",
+        Severity::Fatal,
+        ["sram_ecc_uncorrected", "health_status/sram_ecc_err_count"],
+    ),
+    (
+        "hbm-ecc-uncorrected",
+        Severity::Fatal,
+        ["mem_ecc_uncorrected", "health_status/hbm_ecc_err_count"],
+    ),
+    (
+        "hbm-ecc-repairable",
+        Severity::Recoverable,
+        [
+            "mem_ecc_repairable_uncorrected",
+            "health_status/repairable_hbm_ecc_err_count",
+        ],
+    ),
+];
+
+/// The per-core conditions and the status directory each sums.
+const CORE_STATUSES: [(&str, &str); 2] = [
+    ("core-uncorrectable", "hw_nc_ue_error"),
+    ("core-dma-abort", "hw_dma_abort_error"),
+];
+
+/// The health files of the node's chips, held open between scans
+/// ([`topology::held`], whose policy decides what a failed read means), by
+/// chip directory.
 ///
 /// A rescan of a trn2 reads about 23 files per chip, 370 for the node,
-/// every 10 s: most of what the driver costs at rest. A file read by path
-/// resolves the whole path and makes five system calls; a held one is read
-/// again with one `pread` at offset 0, which makes sysfs run the
-/// attribute's `show` again, so the value is as fresh as a new open's. A
-/// handle whose attribute the kernel removed (driver reload, chip gone:
-/// ENODEV) is dropped and the file read by path. A file that does not exist
-/// is tried again on the next scan, so one that appears is seen at once.
+/// every 10 s: most of what the driver costs at rest; held, each is one
+/// `pread`. A file that cannot be read counts as not reported, as one that
+/// does not exist: no condition of a chip stands for an unreadable counter.
 /// The inventory drops everything at each full discovery.
 #[derive(Debug, Default)]
 pub struct HeldFiles {
-    files: HashMap<PathBuf, File>,
-    cores: HashMap<PathBuf, Vec<PathBuf>>,
+    chips: HashMap<PathBuf, ChipFiles>,
 }
 
-/// Longest file read: a sysfs attribute is at most a page.
-const FILE_BYTES: usize = 4096;
-
-impl HeldFiles {
-    /// The text of the file at `path`, `None` when it cannot be read.
-    fn text(&mut self, path: &Path) -> Option<String> {
-        if !self.files.contains_key(path) {
-            let file = File::open(path).ok()?;
-            self.files.insert(path.to_path_buf(), file);
-        }
-        let file = self.files.get(path)?;
-        let mut buf = [0u8; FILE_BYTES];
-        match file.read_at(&mut buf, 0) {
-            Ok(n) => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
-            Err(_) => {
-                // Stale (ENODEV) or failing: the path decides, and the
-                // next read opens the file again.
-                self.files.remove(path);
-                std::fs::read_to_string(path).ok()
-            }
-        }
-    }
-
-    fn counter(&mut self, path: &Path) -> Option<u64> {
-        self.text(path)?.trim().parse().ok()
-    }
-
-    /// The largest value among the counters that exist.
-    fn max_of(&mut self, dir: &Path, names: &[&str]) -> Option<u64> {
-        names
-            .iter()
-            .filter_map(|n| self.counter(&dir.join(n)))
-            .max()
-    }
-
-    /// The `neuron_core<M>` directories of the chip at `chip_dir`, listed
+/// One chip's health files.
+#[derive(Debug)]
+struct ChipFiles {
+    /// Per [`COUNTERS`] entry, its two files.
+    counters: [[HeldFile; 2]; 3],
+    unhealthy_components: HeldFile,
+    /// Per `neuron_core<M>` directory, its [`CORE_STATUSES`] totals; listed
     /// once (a chip's cores change only with the chip, which a full
-    /// discovery sees).
-    fn cores(&mut self, chip_dir: &Path) -> Vec<PathBuf> {
-        if let Some(cores) = self.cores.get(chip_dir) {
-            return cores.clone();
+    /// discovery sees), again while the chip cannot be listed.
+    cores: Option<Vec<[HeldFile; 2]>>,
+}
+
+impl ChipFiles {
+    fn new(chip_dir: &Path) -> Self {
+        let hw = chip_dir.join("stats/hardware");
+        ChipFiles {
+            counters: COUNTERS.map(|(_, _, names)| names.map(|n| HeldFile::new(hw.join(n)))),
+            unhealthy_components: HeldFile::new(hw.join("health_status/unhealthy_components")),
+            cores: None,
         }
-        let Ok(entries) = std::fs::read_dir(chip_dir) else {
-            return Vec::new();
-        };
-        let cores: Vec<PathBuf> = entries
-            .filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().starts_with("neuron_core"))
-            .map(|e| e.path())
-            .collect();
-        self.cores.insert(chip_dir.to_path_buf(), cores.clone());
-        cores
     }
+
+    fn cores(&mut self, chip_dir: &Path) -> &mut [[HeldFile; 2]] {
+        if self.cores.is_none()
+            && let Ok(entries) = std::fs::read_dir(chip_dir)
+        {
+            let status = |core: &Path| {
+                CORE_STATUSES
+                    .map(|(_, s)| HeldFile::new(core.join("stats/status").join(s).join("total")))
+            };
+            self.cores = Some(
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("neuron_core"))
+                    .map(|e| status(&e.path()))
+                    .collect(),
+            );
+        }
+        self.cores.as_deref_mut().unwrap_or_default()
+    }
+}
+
+fn counter(file: &mut HeldFile) -> Option<u64> {
+    file.read_u64().ok().flatten()
 }
 
 fn condition(dimension: &str, severity: Severity, value: String) -> HealthCondition {
@@ -113,33 +128,21 @@ fn condition(dimension: &str, severity: Severity, value: String) -> HealthCondit
 /// The conditions of the chip whose class directory is `chip_dir`
 /// (`devices/virtual/neuron_device/neuron<N>`), read through `held`.
 pub fn read(chip_dir: &Path, held: &mut HeldFiles) -> Vec<HealthCondition> {
-    let hw = chip_dir.join("stats/hardware");
+    if !held.chips.contains_key(chip_dir) {
+        held.chips
+            .insert(chip_dir.to_path_buf(), ChipFiles::new(chip_dir));
+    }
+    let Some(files) = held.chips.get_mut(chip_dir) else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
-    for (dimension, severity, names) in [
-        (
-            "sram-ecc-uncorrected",
-            Severity::Fatal,
-            ["sram_ecc_uncorrected", "health_status/sram_ecc_err_count"],
-        ),
-        (
-            "hbm-ecc-uncorrected",
-            Severity::Fatal,
-            ["mem_ecc_uncorrected", "health_status/hbm_ecc_err_count"],
-        ),
-        (
-            "hbm-ecc-repairable",
-            Severity::Recoverable,
-            [
-                "mem_ecc_repairable_uncorrected",
-                "health_status/repairable_hbm_ecc_err_count",
-            ],
-        ),
-    ] {
-        if let Some(n) = held.max_of(&hw, &names).filter(|n| *n > 0) {
-            out.push(condition(dimension, severity, n.to_string()));
+    for ((dimension, severity, _), pair) in COUNTERS.iter().zip(&mut files.counters) {
+        // The larger of the two layouts' counters that exist.
+        if let Some(n) = pair.iter_mut().filter_map(counter).max().filter(|n| *n > 0) {
+            out.push(condition(dimension, *severity, n.to_string()));
         }
     }
-    if let Some(text) = held.text(&hw.join("health_status/unhealthy_components")) {
+    if let Ok(Some(text)) = files.unhealthy_components.read_text() {
         let components: Vec<&str> = text
             .split([',', '\n', ' '])
             .map(str::trim)
@@ -153,15 +156,9 @@ pub fn read(chip_dir: &Path, held: &mut HeldFiles) -> Vec<HealthCondition> {
             ));
         }
     }
-    let cores = held.cores(chip_dir);
-    for (dimension, status) in [
-        ("core-uncorrectable", "hw_nc_ue_error"),
-        ("core-dma-abort", "hw_dma_abort_error"),
-    ] {
-        let total: u64 = cores
-            .iter()
-            .filter_map(|c| held.counter(&c.join("stats/status").join(status).join("total")))
-            .sum();
+    let cores = files.cores(chip_dir);
+    for (i, (dimension, _)) in CORE_STATUSES.iter().enumerate() {
+        let total: u64 = cores.iter_mut().filter_map(|c| counter(&mut c[i])).sum();
         if total > 0 {
             out.push(condition(dimension, Severity::Fatal, total.to_string()));
         }
@@ -189,7 +186,12 @@ mod tests {
         // faults are written after the first read opened the files.
         let mut held = HeldFiles::default();
         assert!(read(&chip, &mut held).is_empty(), "zeroed: healthy");
-        assert!(!held.files.is_empty(), "held open");
+        assert!(
+            held.chips
+                .values()
+                .any(|c| c.unhealthy_components.is_open()),
+            "held open"
+        );
         let faults = [
             Fault::NeuronSramUncorrected { chip: 2 },
             Fault::NeuronHbmUncorrected { chip: 2 },

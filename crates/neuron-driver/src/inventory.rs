@@ -17,7 +17,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use dra_core::{ApiSupport, DeviceHealth, DeviceInventory, HostPaths, ScannedDevice};
+use dra_core::{
+    ApiSupport, DeviceHealth, DeviceInventory, DiscoveryCache, Fingerprint, HostPaths,
+    ScannedDevice,
+};
 use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::Registry;
 use topology::SysfsRoot;
@@ -52,15 +55,15 @@ pub struct NeuronInventory {
     /// The UltraServer state last logged, to log each change once.
     logged_ultraserver: Option<UltraServer>,
     /// The last discovery, reused while nothing it depends on changed.
-    reused: Option<Reused>,
+    discoveries: DiscoveryCache<(Fingerprint, ultraserver::Files), Found>,
     /// The chips' health files, held open while the discovery is reused.
     held: HeldFiles,
 }
 
 /// A full discovery at least every this many scans (every 10 minutes at
 /// the default 10 s rescan), whatever the fingerprint says: the fallback
-/// for a change no listed file shows (the EFA driver's rule).
-pub const FULL_SCAN_EVERY: u32 = 60;
+/// for a change no listed file shows.
+pub const FULL_SCAN_EVERY: u32 = DiscoveryCache::<(), ()>::DEFAULT_FULL_EVERY;
 
 /// What changes when a chip comes or goes, its device node appears or
 /// goes, the `neuron` module is reloaded at another version, or the
@@ -68,43 +71,32 @@ pub const FULL_SCAN_EVERY: u32 = 60;
 /// chips' device nodes, the module's version and the class-level
 /// UltraServer files. Reading it costs one listing and a few small files,
 /// against three files, an `lstat` and the PCI function's sysfs entry per
-/// chip for a discovery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint {
-    entries: Vec<String>,
-    device_nodes: Vec<bool>,
-    module: Option<String>,
-    ultraserver: ultraserver::Files,
+/// chip for a discovery. `None` when the class cannot be listed or the
+/// module's version read (then nothing is reused).
+fn fingerprint(
+    sysfs: &SysfsRoot,
+    dev_root: &std::path::Path,
+) -> Option<(Fingerprint, ultraserver::Files)> {
+    let class = sysfs.class_dir(NEURON_CLASS);
+    let listed = Fingerprint::new().list(&class);
+    let nodes: Vec<PathBuf> = listed
+        .last_listing()
+        .iter()
+        .map(|chip| dev_root.join(chip))
+        .collect();
+    let fingerprint = nodes
+        .iter()
+        .fold(listed, |f, node| f.exists(node))
+        .contents(sysfs.join("module/neuron/version"))
+        .finish()?;
+    Some((fingerprint, ultraserver::read_files(&class)))
 }
 
-impl Fingerprint {
-    /// `None` when the class cannot be listed or the module's version
-    /// read (then nothing is reused).
-    fn read(sysfs: &SysfsRoot, dev_root: &std::path::Path) -> Option<Fingerprint> {
-        let class = sysfs.class_dir(NEURON_CLASS);
-        let mut entries = topology::sysfs::list_dir(&class).ok()?.unwrap_or_default();
-        entries.sort();
-        let device_nodes = entries
-            .iter()
-            .map(|e| std::fs::symlink_metadata(dev_root.join(e)).is_ok())
-            .collect();
-        Some(Fingerprint {
-            entries,
-            device_nodes,
-            module: sysfs.module_version("neuron").ok()?,
-            ultraserver: ultraserver::read_files(&class),
-        })
-    }
-}
-
-/// The last discovery, its fingerprint, how many scans reused it, and the
-/// devices last built from it (with the layout and labels they were built
-/// for).
+/// A discovery and the devices last built from it (with the layout and
+/// labels they were built for).
 #[derive(Debug)]
-struct Reused {
-    fingerprint: Fingerprint,
+struct Found {
     inventory: NodeInventory,
-    scans: u32,
     devices: Option<(Layout, BTreeMap<u32, String>, Vec<Device>)>,
 }
 
@@ -123,56 +115,48 @@ impl NeuronInventory {
             counters: None,
             network_node_layers: BTreeMap::new(),
             logged_ultraserver: None,
-            reused: None,
+            discoveries: DiscoveryCache::new(FULL_SCAN_EVERY),
             held: HeldFiles::default(),
         }
     }
 
-    /// The chips: discovered again when the [`Fingerprint`] changed or
+    /// The chips: discovered again when the fingerprint changed or
     /// after [`FULL_SCAN_EVERY`] scans, else the last discovery. Health is
     /// read on every scan whatever this returns.
     fn discover(&mut self) -> Result<NodeInventory, DiscoveryError> {
-        let fingerprint = Fingerprint::read(&self.sysfs, &self.dev_root);
-        if let (Some(last), Some(now)) = (&mut self.reused, &fingerprint)
-            && last.fingerprint == *now
-            && last.scans < FULL_SCAN_EVERY - 1
-        {
-            last.scans += 1;
-            return Ok(last.inventory.clone());
-        }
-        self.reused = None;
-        self.held = HeldFiles::default();
-        let found = discover(
-            &self.sysfs,
-            &self.dev_root,
-            self.bdf.as_ref(),
-            &mut self.cache,
-        )?;
-        if let Some(fingerprint) = fingerprint {
-            self.reused = Some(Reused {
-                fingerprint,
-                inventory: found.clone(),
-                scans: 0,
+        let fingerprint = fingerprint(&self.sysfs, &self.dev_root);
+        let found = self.discoveries.get(fingerprint, || {
+            let inventory = discover(
+                &self.sysfs,
+                &self.dev_root,
+                self.bdf.as_ref(),
+                &mut self.cache,
+            )?;
+            Ok::<_, DiscoveryError>(Found {
+                inventory,
                 devices: None,
-            });
+            })
+        })?;
+        if found.discovered {
+            self.held = HeldFiles::default();
         }
-        Ok(found)
+        Ok(found.value.inventory.clone())
     }
 
     /// The devices of `inventory` in `layout`: the last ones built when
     /// the discovery, the layout and the labels are the same.
     fn devices(&mut self, inventory: &NodeInventory, layout: Layout) -> Vec<Device> {
-        let Some(reused) = &mut self.reused else {
+        let Some(found) = self.discoveries.value_mut() else {
             return partitions::devices(inventory, layout);
         };
-        if let Some((l, layers, devices)) = &reused.devices
+        if let Some((l, layers, devices)) = &found.devices
             && *l == layout
             && *layers == inventory.network_node_layers
         {
             return devices.clone();
         }
         let devices = partitions::devices(inventory, layout);
-        reused.devices = Some((
+        found.devices = Some((
             layout,
             inventory.network_node_layers.clone(),
             devices.clone(),
@@ -446,7 +430,7 @@ mod tests {
         let mut inventory = inventory.with_mode(PartitionMode::Cores);
         let first = inventory.scan().unwrap();
         assert_eq!(first.len(), 144);
-        let scans = |inv: &NeuronInventory| inv.reused.as_ref().map(|r| r.scans);
+        let scans = |inv: &NeuronInventory| inv.discoveries.reused();
 
         inject(&fx.sys, &Fault::NeuronSramUncorrected { chip: 0 }).unwrap();
         let faulty = inventory.scan().unwrap();

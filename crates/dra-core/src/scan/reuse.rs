@@ -192,6 +192,11 @@ impl<F: PartialEq, T> DiscoveryCache<F, T> {
         self.last.as_ref().map(|c| &c.value)
     }
 
+    /// The last discovery, to add what is built from it.
+    pub fn value_mut(&mut self) -> Option<&mut T> {
+        self.last.as_mut().map(|c| &mut c.value)
+    }
+
     /// How many scans reused the last discovery since it was made.
     pub fn reused(&self) -> Option<u32> {
         self.last.as_ref().map(|c| c.reused)

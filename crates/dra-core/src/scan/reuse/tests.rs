@@ -92,6 +92,10 @@ fn the_value_can_carry_what_is_built_from_it() {
         .get(Some(1), || Ok::<_, io::Error>((8, None)))
         .unwrap();
     assert_eq!(again.value.1.as_deref(), Some("devices"));
+    if let Some(value) = cache.value_mut() {
+        value.0 = 9;
+    }
+    assert_eq!(cache.value(), Some(&(9, Some("devices".into()))));
     cache.clear();
     assert_eq!(cache.value(), None, "cleared");
     let fresh = cache
