@@ -61,9 +61,12 @@ const API_VERSIONS: [&str; 2] = [
 /// A device's attributes as published.
 pub(crate) type DeviceAttributes = BTreeMap<String, DeviceAttribute>;
 
+/// Looks up a device's published attributes by its name.
+type AttributeLookup = dyn Fn(&str) -> Option<DeviceAttributes> + Send + Sync;
+
 /// The published attributes of a device of this driver, by device name.
 #[derive(Clone)]
-pub(crate) struct AttributeSource(Arc<dyn Fn(&str) -> Option<DeviceAttributes> + Send + Sync>);
+pub(crate) struct AttributeSource(Arc<AttributeLookup>);
 
 impl AttributeSource {
     pub(crate) fn new(

@@ -265,7 +265,10 @@ fn unprepare_and_the_start_sweep_remove_only_what_is_no_longer_prepared() {
             cdi_spec_path: PathBuf::new(),
         },
     )]);
-    assert_eq!(f.remove_stale(&held).unwrap(), [longer.clone()]);
+    assert_eq!(
+        f.remove_stale(&held).unwrap(),
+        std::slice::from_ref(&longer)
+    );
     assert!(b1.exists() && other.exists() && !longer.exists());
 
     let missing = files(&dir.path().join("never-made"));
