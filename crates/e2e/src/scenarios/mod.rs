@@ -25,6 +25,7 @@ mod aws_claims;
 mod bad_input;
 mod cel_agreement;
 mod charts;
+mod claim_status;
 mod clash;
 mod efa_capacity;
 mod health;
@@ -159,6 +160,8 @@ scenarios! {
         => aws_claims::aws_neuron_claims;
     s27_ultraserver [PartitionableDevices] "4 trn2u kubelets of one UltraServer: groups of 4 and of 2 whole-node pods each on one set with consistent ids; an unsupported mode is refused by name"
         => aws_claims::ultraserver;
+    s29_claim_device_status [] "a ResourceClaim of one chip and its EFA on trn2: each driver writes a Ready entry per prepared device with its data, as its own field manager; the entries are gone once the pod is, the claim stays"
+        => claim_status::claim_device_status;
     s30_device_attribute_files [] "4 chips + 4 EFAs on trn2: each driver's attributes file per request holds its allocated devices with their published attributes (chips and EFAs paired by devicegroup1_id), the claim's CDI spec mounts it read-only, the container sees the same bytes; gone after unprepare"
         => attribute_files::device_attribute_files;
     s31_efa_shared_capacity [ConsumableCapacity] "EFAs shared by capacity on p5: four claims share one EFA (3 x the default 25G, 23G rounded up to 25G), each prepared with its own share; a fifth stays Pending until one goes"
