@@ -90,7 +90,7 @@ fn e2e_matrix() -> Vec<(u32, &'static str)> {
 }
 
 /// Seconds of each fuzz target in CI, one at a time in the background
-/// (5 targets: 50 s of fuzzing, plus the build).
+/// (7 targets: 70 s of fuzzing, plus the build).
 const FUZZ_SMOKE_SECONDS: u64 = 10;
 
 /// The lane of the checks that need no cluster, beside the e2e legs.
@@ -140,8 +140,8 @@ fn checks() -> Vec<Step> {
             &["test", "--workspace", "--exclude", "e2e", "--locked"],
         ),
         // The e2e crate's own unit tests and the structure checks (import
-        // cycles and file length in the test crates and xtask, import circles
-        // between top-level modules in every crate, dra-core's public
+        // cycles in the test crates and xtask; file length, and import
+        // circles between top-level modules, in every crate; dra-core's public
         // surface): no cluster needed.
         step(
             "e2e-unit",
@@ -154,6 +154,9 @@ fn checks() -> Vec<Step> {
                 "--lib",
                 "--test",
                 "structure",
+                // Every node a scenario asks for is in the kind node list.
+                "--test",
+                "kind_nodes",
                 // dra-core's public items, counted from the source.
                 "--test",
                 "public_surface",

@@ -1,8 +1,8 @@
 //! `cargo xtask e2e --cluster kind`: the end-to-end suite on a kind cluster.
 //!
 //! Generates the kind cluster config (CDI on in containerd; one worker per
-//! role of `e2e::kind_host::roles`, p5, trn2 and trn1, each labelled with its
-//! instance type, so the charts' node affinity applies unchanged, and with
+//! role of `e2e::kind_host::roles`: p5, trn2, trn1 and the 4 trn2u nodes of
+//! an UltraServer, each labelled with its instance type, so the charts' node affinity applies unchanged, and with
 //! its role, `e2e.aws-dra.dev/node=<role>`, since kind generates node names;
 //! each with its fixture hardware tree mounted at [`FIXTURE_MOUNT`]), brings
 //! the cluster up, builds the Dockerfile's image with `docker build` and
@@ -31,23 +31,31 @@ use serde_json::{Value, json};
 
 pub use e2e::kind_host::{CLUSTER_NAME, FIXTURE_MOUNT, IMAGE_REPOSITORY, IMAGE_TAG};
 
-/// A worker node: its role, the instance type it pretends to be, its fixture tree.
+/// A worker node: its role, the hardware it pretends to be, its fixture tree.
 #[derive(Debug, Clone)]
 pub struct FixtureNode {
     pub role: String,
-    pub instance_type: String,
+    /// An instance type, or a fixture name of one (`trn2u.48xlarge@node0`).
+    pub fixture: String,
     /// Host directory holding `sys/` and `dev/`.
     pub fixture_dir: PathBuf,
+}
+
+impl FixtureNode {
+    /// The instance type the node is labelled with.
+    pub fn instance_type(&self) -> &str {
+        sysfs_fixtures::instance_type_of(&self.fixture)
+    }
 }
 
 /// The workers of the e2e: the roles the scenarios use.
 pub fn default_nodes(fixtures_root: &Path) -> Vec<FixtureNode> {
     e2e::kind_host::roles()
         .into_iter()
-        .map(|(role, instance_type, _)| FixtureNode {
+        .map(|(role, fixture, _)| FixtureNode {
             fixture_dir: fixtures_root.join(&role),
             role,
-            instance_type,
+            fixture,
         })
         .collect()
 }
@@ -68,7 +76,7 @@ pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> 
             // kubelet may set node.kubernetes.io/* labels on itself, so the
             // charts' instance-type affinity selects these nodes as on EKS.
             "labels": {
-                "node.kubernetes.io/instance-type": n.instance_type,
+                "node.kubernetes.io/instance-type": n.instance_type(),
                 ROLE_LABEL: n.role,
             },
             "extraMounts": [{
@@ -283,8 +291,8 @@ pub fn bring_up(
             std::fs::remove_dir_all(&n.fixture_dir)
                 .with_context(|| format!("removing {}", n.fixture_dir.display()))?;
         }
-        let fixture = sysfs_fixtures::generate(&n.instance_type, &n.fixture_dir)
-            .with_context(|| format!("fixture for {} ({})", n.role, n.instance_type))?;
+        let fixture = sysfs_fixtures::generate(&n.fixture, &n.fixture_dir)
+            .with_context(|| format!("fixture for {} ({})", n.role, n.fixture))?;
         // containerd in the node opens the device nodes the CDI specs name
         // (under the mounted fixture): empty files would fail every pod.
         if fixture.device_nodes != sysfs_fixtures::DeviceNodes::CharDevices {
@@ -424,13 +432,17 @@ mod tests {
         assert!(patch.contains("enable_cdi = true"), "{patch}");
         assert!(patch.contains("\"/var/run/cdi\""), "{patch}");
         let nodes = cfg["nodes"].as_array().unwrap();
-        assert_eq!(nodes.len(), 4);
+        assert_eq!(nodes.len(), 8);
         assert_eq!(nodes[0]["role"], "control-plane");
         assert!(nodes[0]["extraMounts"].is_null());
         for (node, (role, ty)) in nodes[1..].iter().zip([
             ("p5", "p5.48xlarge"),
             ("trn2", "trn2.48xlarge"),
             ("trn1", "trn1.32xlarge"),
+            ("us-0", "trn2u.48xlarge"),
+            ("us-1", "trn2u.48xlarge"),
+            ("us-2", "trn2u.48xlarge"),
+            ("us-3", "trn2u.48xlarge"),
         ]) {
             assert_eq!(node["role"], "worker");
             assert_eq!(node["labels"]["node.kubernetes.io/instance-type"], ty);
@@ -465,9 +477,9 @@ mod tests {
                 .unwrap();
                 let types = values["nodeAffinity"]["instanceTypes"].as_array().unwrap();
                 assert!(
-                    types.iter().any(|t| t == n.instance_type.as_str()),
+                    types.iter().any(|t| t == n.instance_type()),
                     "{chart} does not select {}",
-                    n.instance_type
+                    n.instance_type()
                 );
             }
         }

@@ -42,8 +42,13 @@ pub const IMAGE_TAG: &str = "e2e";
 pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
 pub const CDI_ROOT: &str = "/var/run/cdi";
 
-/// The kind workers: `(role, instance type, drivers)`, the local testbed's
-/// p5 and trn2 nodes plus the trn1 node that scenario 6 adds there.
+/// The kind workers: `(role, fixture, drivers)`, the local testbed's p5 and
+/// trn2 nodes plus every node a scenario adds there (`Testbed::ensure_node`):
+/// trn1 (scenarios 6 and 20) and the 4 trn2u nodes of one UltraServer
+/// (scenario 27). kind fixes its nodes when it creates the cluster, so each
+/// is here from the start; `tests/kind_nodes.rs` fails when a scenario asks
+/// for a node this list lacks. A fixture is an instance type or a fixture
+/// name (`trn2u.48xlarge@node0`, see `sysfs_fixtures::spec`).
 pub fn roles() -> Vec<(String, String, Vec<DriverKind>)> {
     let mut nodes = crate::testbed::LocalOptions::default().nodes;
     nodes.push((
@@ -51,6 +56,14 @@ pub fn roles() -> Vec<(String, String, Vec<DriverKind>)> {
         "trn1.32xlarge".into(),
         vec![DriverKind::Efa, DriverKind::Neuron],
     ));
+    for (role, fixture) in [
+        ("us-0", "trn2u.48xlarge@node0"),
+        ("us-1", "trn2u.48xlarge@node1"),
+        ("us-2", "trn2u.48xlarge@node2"),
+        ("us-3", "trn2u.48xlarge@node3-modes1_2_3"),
+    ] {
+        nodes.push((role.into(), fixture.into(), vec![DriverKind::Neuron]));
+    }
     nodes
 }
 
