@@ -14,6 +14,10 @@
 //! - `cargo xtask bench neuron [--steady-secs 180] [--bursts 16]`: the
 //!   Neuron driver alone on trn2, NeuronCore partitions on and off
 //!   (`long_runs::bench::neuron`). Writes `<work-dir>/bench-neuron-<version>.json`.
+//! - `cargo xtask bench probes [--rounds 5] [--rate 800]`: prepare bursts of 16 claims over the
+//!   EFA driver's DRA socket with no storm, a storm to `/healthz` + `/readyz`, and the same storm
+//!   to a path that does nothing (`long_runs::bench::probes`). Writes
+//!   `<work-dir>/bench-probes-<version>.json`.
 //!
 //! All start a local cluster: run them under `flock /tmp/aws-dra-e2e.lock`
 //! on a shared machine, as the end-to-end suite.
@@ -42,6 +46,27 @@ enum BenchCommand {
     /// Shadow nodes with our slices against the real kube-scheduler:
     /// pods/s, scheduling latency, control-plane cost, a CPU profile.
     Scheduler(crate::bench_scheduler::SchedulerArgs),
+    /// Prepare bursts under a storm of health probes, against the same
+    /// storm on a path that does nothing, and without a storm.
+    Probes(ProbesArgs),
+}
+
+#[derive(clap::Args)]
+struct ProbesArgs {
+    /// Rounds; each runs the three conditions once, in a rotating order.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Bursts per condition per round.
+    #[arg(long, default_value_t = 3)]
+    bursts: usize,
+    /// Claims per burst (one NodePrepareResources call each, all at once).
+    #[arg(long, default_value_t = 16)]
+    claims: usize,
+    /// Storm requests per second (each on a new connection).
+    #[arg(long, default_value_t = 800.0)]
+    rate: f64,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(clap::Args)]
@@ -117,6 +142,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(BenchCommand::Fleet(fleet)) => run_fleet(fleet),
         Some(BenchCommand::Neuron(neuron)) => run_neuron(neuron),
         Some(BenchCommand::Scheduler(scheduler)) => crate::bench_scheduler::run(scheduler),
+        Some(BenchCommand::Probes(probes)) => run_probes(probes),
         None => run_drivers(args.drivers),
     }
 }
@@ -238,4 +264,26 @@ fn run_neuron(args: NeuronArgs) -> Result<()> {
         println!("{line}");
     }
     write_json(&work.join(format!("bench-neuron-{version}.json")), &report)
+}
+
+fn run_probes(args: ProbesArgs) -> Result<()> {
+    let (bin_dir, version, work) = prepare(&args.common)?;
+    let options = long_runs::bench::probes::ProbesOptions {
+        rounds: args.rounds,
+        bursts: args.bursts,
+        claims: args.claims,
+        rate: args.rate,
+        kubernetes_version: version.clone(),
+        bin_dir,
+    };
+    eprintln!(
+        "==> bench probes: Kubernetes {version}, {} rounds of 3 conditions x {} bursts of {} claims, storm {} requests/s",
+        args.rounds, args.bursts, args.claims, args.rate
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(long_runs::bench::probes::run(&options))?;
+    for line in report.table() {
+        println!("{line}");
+    }
+    write_json(&work.join(format!("bench-probes-{version}.json")), &report)
 }

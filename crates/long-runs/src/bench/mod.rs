@@ -18,6 +18,9 @@
 //! - CPU time and wake-ups (voluntary context switches of all threads) of
 //!   each driver process over the steady window, per minute;
 //! - RSS and peak RSS (`VmHWM`) after the rounds, binary sizes.
+//!
+//! [`probes`]: what a storm of health probes costs prepare, against the
+//! same storm on a path that does nothing.
 
 pub mod breakdown;
 pub mod burst;
@@ -27,6 +30,9 @@ pub mod idle;
 pub mod measure;
 pub mod neuron;
 pub mod pool_timer;
+pub mod probe_storm;
+pub mod probes;
+mod probes_report;
 pub mod refdriver;
 mod report;
 pub mod rounds;
