@@ -139,6 +139,26 @@ impl Quantity {
             .map(|nanos| Quantity { nanos })
     }
 
+    /// The smallest `base + n × step` (`n` a whole number, at least 0) that
+    /// is not below `self`: how the scheduler rounds a capacity request up
+    /// to a device's `validRange` (`base` its `min`). `None` when `step` is
+    /// not positive or the result does not fit.
+    pub fn round_up_to_step(self, base: Quantity, step: Quantity) -> Option<Quantity> {
+        if step.nanos <= 0 {
+            return None;
+        }
+        let above = self.nanos.checked_sub(base.nanos)?;
+        if above <= 0 {
+            return Some(base);
+        }
+        // Both positive here: a ceiling division (i128::div_ceil is unstable).
+        let steps = (above - 1) / step.nanos + 1;
+        steps
+            .checked_mul(step.nanos)
+            .and_then(|n| n.checked_add(base.nanos))
+            .map(|nanos| Quantity { nanos })
+    }
+
     /// `true` when the value is strictly greater than zero.
     pub fn is_positive(self) -> bool {
         self.nanos > 0
@@ -232,6 +252,30 @@ mod tests {
                 "{text}"
             );
         }
+    }
+
+    #[test]
+    fn rounds_up_to_a_step_above_a_base() {
+        let q = |s| Quantity::parse(s).unwrap_or_else(|e| panic!("{e}"));
+        let (min, step) = (q("5G"), q("5G"));
+        for (asked, got) in [
+            ("23G", "25G"),
+            ("25G", "25G"),
+            ("1", "5G"),
+            ("5G", "5G"),
+            ("100G", "100G"),
+            ("101G", "105G"),
+        ] {
+            assert_eq!(
+                q(asked).round_up_to_step(min, step),
+                Some(q(got)),
+                "{asked}"
+            );
+        }
+        // Steps counted from the base, not from zero.
+        assert_eq!(q("4").round_up_to_step(q("1"), q("2")), Some(q("5")));
+        assert_eq!(q("1.1").round_up_to_step(q("0"), q("500m")), Some(q("1.5")));
+        assert_eq!(q("1").round_up_to_step(q("0"), q("0")), None);
     }
 
     #[test]

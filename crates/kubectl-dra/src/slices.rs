@@ -13,7 +13,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourceSlice,
+};
 use k8s_quantity::Quantity;
 
 /// Stores each distinct string once; every slice loaded into one
@@ -68,6 +70,45 @@ pub struct Consumption {
     pub amount: Quantity,
 }
 
+/// A capacity of a device that allows multiple allocations, parsed: its
+/// value and request policy, what the scheduler adds claims up against
+/// (consumable capacity). Amounts that do not parse are left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumableCapacity {
+    pub value: Quantity,
+    pub default: Option<Quantity>,
+    /// `validValues`, ascending as the API requires.
+    pub valid_values: Vec<Quantity>,
+    /// `validRange`: its `min`, `max` and `step`.
+    pub range: Option<(Quantity, Option<Quantity>, Option<Quantity>)>,
+}
+
+impl ConsumableCapacity {
+    fn from_api(capacity: &DeviceCapacity) -> Option<ConsumableCapacity> {
+        let parse = |q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity| {
+            Quantity::parse(&q.0).ok()
+        };
+        let policy = capacity.request_policy.as_ref();
+        Some(ConsumableCapacity {
+            value: parse(&capacity.value)?,
+            default: policy.and_then(|p| p.default.as_ref()).and_then(parse),
+            valid_values: policy
+                .and_then(|p| p.valid_values.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(parse)
+                .collect(),
+            range: policy.and_then(|p| p.valid_range.as_ref()).and_then(|r| {
+                Some((
+                    parse(&r.min)?,
+                    r.max.as_ref().and_then(parse),
+                    r.step.as_ref().and_then(parse),
+                ))
+            }),
+        })
+    }
+}
+
 /// One device of a slice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SliceDevice {
@@ -81,6 +122,8 @@ pub struct SliceDevice {
     pub consumes: Vec<Consumption>,
     pub taints: Vec<DeviceTaint>,
     pub allow_multiple_allocations: Option<bool>,
+    /// Only on devices that allow multiple allocations; sorted by name.
+    pub consumable: Vec<(Arc<str>, ConsumableCapacity)>,
 }
 
 impl SliceDevice {
@@ -117,6 +160,18 @@ impl SliceDevice {
                 .collect(),
             taints: device.taints.clone().unwrap_or_default(),
             allow_multiple_allocations: device.allow_multiple_allocations,
+            consumable: if device.allow_multiple_allocations == Some(true) {
+                device
+                    .capacity
+                    .iter()
+                    .flatten()
+                    .filter_map(|(k, c)| {
+                        ConsumableCapacity::from_api(c).map(|c| (strings.get(k), c))
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 

@@ -147,6 +147,9 @@ pub struct World<'a> {
     pub admin_holders: HashMap<DeviceId, Vec<String>>,
     /// What is left of each shared counter after every allocated claim.
     pub counters_left: HashMap<CounterKey, Quantity>,
+    /// Device → (claim, capacity, amount) for each capacity an allocated
+    /// claim consumes of a device that allows multiple allocations.
+    pub consumed_capacity: HashMap<DeviceId, Vec<(String, String, Quantity)>>,
     pub inventory: &'a Inventory,
 }
 
@@ -174,6 +177,23 @@ impl<'a> World<'a> {
                     .map(|c| format!("{c} (admin)")),
             )
             .collect()
+    }
+
+    /// How much of `capacity` of device `id` the allocated claims other than
+    /// `except` consume; `None`: none of it.
+    pub fn capacity_used(
+        &self,
+        id: &DeviceId,
+        capacity: &str,
+        except: Option<&str>,
+    ) -> Option<Quantity> {
+        self.consumed_capacity
+            .get(id)
+            .into_iter()
+            .flatten()
+            .filter(|(claim, name, _)| name == capacity && Some(claim.as_str()) != except)
+            .map(|(_, _, q)| *q)
+            .reduce(|sum, q| sum.checked_add(q).unwrap_or(sum))
     }
 
     pub fn new(inventory: &'a Inventory) -> World<'a> {
@@ -253,6 +273,8 @@ impl<'a> World<'a> {
             .map(|(i, d)| (d.id.clone(), i))
             .collect();
         let mut consumed: Vec<(CounterKey, Quantity)> = Vec::new();
+        let mut consumed_capacity: HashMap<DeviceId, Vec<(String, String, Quantity)>> =
+            HashMap::new();
         for claim in &inventory.claims {
             let results = claim
                 .status
@@ -271,6 +293,16 @@ impl<'a> World<'a> {
                     && let Some(&i) = by_id.get(&id)
                 {
                     consumed.extend(devices[i].consumption());
+                }
+                // What a share of a device takes, as the scheduler recorded it.
+                for (name, q) in result.consumed_capacity.iter().flatten() {
+                    if let Ok(q) = Quantity::parse(&q.0) {
+                        consumed_capacity.entry(id.clone()).or_default().push((
+                            claim_key(claim),
+                            name.clone(),
+                            q,
+                        ));
+                    }
                 }
                 let by = if result.admin_access == Some(true) {
                     &mut admin_holders
@@ -295,6 +327,7 @@ impl<'a> World<'a> {
             holders,
             admin_holders,
             counters_left,
+            consumed_capacity,
             inventory,
         }
     }

@@ -3,11 +3,16 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{DeviceToleration, ResourceClaimSpec};
+use k8s_openapi::api::resource::v1::{CapacityRequirements, DeviceToleration, ResourceClaimSpec};
+use k8s_quantity::Quantity;
 
 use super::{RejectedGroup, RequestReport, Scope};
 use crate::cel::{Outcome, Selector};
 use crate::world::{PublishedDevice, World};
+
+mod capacity;
+
+use capacity::Shortfall;
 
 /// How many devices a request wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +33,8 @@ pub struct RequestSpec {
     pub mode: Mode,
     pub tolerations: Vec<DeviceToleration>,
     pub admin_access: bool,
+    /// `capacity.requests`: what it asks of a shared device's capacities.
+    pub capacity: Vec<(String, Quantity)>,
 }
 
 impl RequestSpec {
@@ -52,6 +59,13 @@ pub fn plans(spec: &ResourceClaimSpec) -> Vec<Vec<RequestSpec>> {
         Some("All") => Mode::All,
         _ => Mode::Count(usize::try_from(count.unwrap_or(1)).unwrap_or(0)),
     };
+    // Quantities the API server accepted always parse.
+    let capacity = |c: &Option<CapacityRequirements>| {
+        c.iter()
+            .flat_map(|c| c.requests.iter().flatten())
+            .filter_map(|(k, v)| Quantity::parse(&v.0).ok().map(|q| (k.clone(), q)))
+            .collect::<Vec<_>>()
+    };
     let mut out = Vec::new();
     for request in spec
         .devices
@@ -67,6 +81,7 @@ pub fn plans(spec: &ResourceClaimSpec) -> Vec<Vec<RequestSpec>> {
                 mode: mode(&e.allocation_mode, e.count),
                 tolerations: e.tolerations.clone().unwrap_or_default(),
                 admin_access: e.admin_access.unwrap_or(false),
+                capacity: capacity(&e.capacity),
             }]);
         } else if let Some(subs) = &request.first_available {
             out.push(
@@ -79,6 +94,7 @@ pub fn plans(spec: &ResourceClaimSpec) -> Vec<Vec<RequestSpec>> {
                         mode: mode(&s.allocation_mode, s.count),
                         tolerations: s.tolerations.clone().unwrap_or_default(),
                         admin_access: false,
+                        capacity: capacity(&s.capacity),
                     })
                     .collect(),
             );
@@ -106,6 +122,8 @@ pub enum Rejection {
         outcome: String,
     },
     HeldBy(Vec<String>),
+    /// A device shared by capacity that cannot give the request its share.
+    Capacity(String),
     Taint {
         key: String,
         value: String,
@@ -148,6 +166,7 @@ impl Rejection {
             Rejection::HeldBy(claims) => {
                 format!("already allocated to claim {}", claims.join(", "))
             }
+            Rejection::Capacity(why) => why.clone(),
             Rejection::Taint {
                 key,
                 value,
@@ -182,6 +201,27 @@ pub struct Evaluation {
     /// Devices on which a selector fails at run time / cannot be evaluated.
     pub runtime_errors: Vec<(usize, String)>,
     pub unsupported: Vec<(usize, String)>,
+}
+
+fn shortfall_text(short: &Shortfall) -> String {
+    match short {
+        Shortfall::Undefined(name) => {
+            format!("the request asks for capacity {name}, which the device does not have")
+        }
+        Shortfall::OutsidePolicy { capacity, amount } => format!(
+            "{} of capacity {capacity} is outside the device's request policy",
+            capacity::readable(*amount)
+        ),
+        Shortfall::NotEnough {
+            capacity,
+            need,
+            left,
+        } => format!(
+            "not enough {capacity} left to share: needs {}, {} left",
+            capacity::readable(*need),
+            capacity::readable(*left)
+        ),
+    }
 }
 
 pub(super) fn outcome_text(outcome: &Outcome) -> Option<String> {
@@ -300,6 +340,14 @@ pub fn check_device(
         if !others.is_empty() {
             return (true, Some(Rejection::HeldBy(others)));
         }
+    }
+    if !spec.admin_access
+        && device.device.allow_multiple_allocations == Some(true)
+        && let Err(short) = capacity::share(&spec.capacity, &device.device.consumable, |name| {
+            world.capacity_used(&device.id, name, own_claim)
+        })
+    {
+        return (true, Some(Rejection::Capacity(shortfall_text(&short))));
     }
     let taints = device.device.taints.iter().map(|t| (None, t));
     let from_rules = device.rule_taints.iter().map(|(r, t)| (Some(r), t));

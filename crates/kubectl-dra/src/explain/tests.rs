@@ -582,3 +582,5 @@ fn a_device_plugin_resource_of_the_bound_node_is_not_a_claim() {
     let (subjects, _) = subjects_for_pod(&inv, "default", "p").unwrap();
     assert_eq!(subjects.len(), 1);
 }
+
+mod capacity;
