@@ -60,6 +60,10 @@ pub fn check_typed(obj: &Value) -> Result<()> {
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
             roundtrip::<api::rbac::v1::ClusterRoleBinding>(obj)?
         }
+        ("rbac.authorization.k8s.io/v1", "Role") => roundtrip::<api::rbac::v1::Role>(obj)?,
+        ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
+            roundtrip::<api::rbac::v1::RoleBinding>(obj)?
+        }
         ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
             roundtrip::<api::admissionregistration::v1::ValidatingAdmissionPolicy>(obj)?
         }

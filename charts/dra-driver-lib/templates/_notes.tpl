@@ -18,6 +18,14 @@ Verify the install:
 
 Each node's driver may only write its own node's ResourceSlices (ValidatingAdmissionPolicy
 {{ printf "%s-resourceslices" (include "dra-driver-lib.fullname" .) | trunc 63 | trimSuffix "-" }}).
+{{- else if .Values.rbac.create }}
+
+WARNING: validatingAdmissionPolicy.enabled=false. RBAC cannot say "only my node's objects", and
+nothing else confines this driver now: the driver pod of any node may create, replace or delete
+every node's ResourceSlices and write the claim status of every claim of its driver
+{{- if contains "patch" (include (printf "%s.nodeVerbs" .Chart.Name) .) }}, and may patch
+every Node object (labels included){{ end }}. Turn the policy on unless the cluster enforces
+the same rules another way.
 {{- end }}
 {{- if not .Values.allowDevicePluginCoexistence }}
 

@@ -26,26 +26,22 @@ pub fn check_rbac(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()
     }
     got.sort();
     let want: Vec<(&str, &str, Vec<&str>)> = vec![
-        ("", "events", vec!["create"]),
         ("", "nodes", expect.node_verbs.to_vec()),
         ("resource.k8s.io", "resourceclaims", vec!["get"]),
-        // Since 1.36 writing status.devices also needs this, per driver name.
+        // Since 1.36 writing status.devices also needs this, per driver name;
+        // server-side apply is always a PATCH.
         (
             "resource.k8s.io",
             "resourceclaims/driver",
-            vec!["associated-node:patch", "associated-node:update"],
+            vec!["associated-node:patch"],
         ),
-        (
-            "resource.k8s.io",
-            "resourceclaims/status",
-            vec!["patch", "update"],
-        ),
+        ("resource.k8s.io", "resourceclaims/status", vec!["patch"]),
+        // get: the publisher reads back a write its watch has not shown;
+        // it replaces slices, it never patches them.
         (
             "resource.k8s.io",
             "resourceslices",
-            vec![
-                "get", "list", "watch", "create", "update", "patch", "delete",
-            ],
+            vec!["get", "list", "watch", "create", "update", "delete"],
         ),
     ];
     ensure!(
@@ -83,6 +79,56 @@ pub fn check_rbac(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()
         id(binding),
         expect.service_account,
         expect.fullname,
+        json(&binding.subjects),
+        json(&binding.role_ref)
+    );
+    check_events_role(expect, r)
+}
+
+/// Events are written in one namespace only (the Node events go to
+/// `default`, as kubelet's): a Role there with `create` alone, bound to the
+/// driver's service account alone; nothing cluster-wide.
+fn check_events_role(expect: &Expect, r: &Rendering) -> Result<()> {
+    let name = format!("{}-events", expect.fullname);
+    let role = one(&r.roles, Some(&name))?;
+    ensure!(
+        role.metadata.namespace.as_deref() == Some("default"),
+        "{} is not in namespace default",
+        id(role)
+    );
+    let rules: Vec<(Vec<String>, Vec<String>, Vec<String>)> = role
+        .rules
+        .iter()
+        .flatten()
+        .map(|rule| {
+            (
+                rule.api_groups.clone().unwrap_or_default(),
+                rule.resources.clone().unwrap_or_default(),
+                rule.verbs.clone(),
+            )
+        })
+        .collect();
+    ensure!(
+        rules
+            == [(
+                vec![String::new()],
+                vec!["events".into()],
+                vec!["create".into()]
+            )],
+        "{} grants more than creating events: {rules:?}",
+        id(role)
+    );
+    let binding = one(&r.role_bindings, Some(&name))?;
+    let subjects = binding.subjects.as_deref().unwrap_or_default();
+    ensure!(
+        binding.metadata.namespace.as_deref() == Some("default")
+            && matches!(subjects, [s] if s.kind == "ServiceAccount"
+                && s.name == expect.service_account
+                && s.namespace.as_deref() == Some(NAMESPACE))
+            && binding.role_ref.kind == "Role"
+            && binding.role_ref.name == name,
+        "{} does not bind exactly the driver's service account to Role default/{name}: subjects {}, roleRef {}",
+        id(binding),
         json(&binding.subjects),
         json(&binding.role_ref)
     );

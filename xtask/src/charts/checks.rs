@@ -136,6 +136,9 @@ pub fn check(helm: &Helm, root: &Path) -> Result<()> {
             );
         }
     }
+    for spec in CHARTS {
+        notes_warn_without_the_admission_policy(helm, root, spec)?;
+    }
     unit_test_rendering_is_current(helm, root)?;
     eprintln!(
         "==> charts: helm {} lint + {rendered} renders checked in {:.0}s",
@@ -160,6 +163,70 @@ fn unit_test_rendering_is_current(helm: &Helm, root: &Path) -> Result<()> {
          regenerate it (keep its two comment lines) so that the chart_objects unit tests check the current chart",
         stored_path.display(),
         EFA.name
+    );
+    Ok(())
+}
+
+/// The install notes (`helm install --dry-run=client`, what a user sees)
+/// warn when the admission policy is off but RBAC is on: nothing then
+/// confines a node's driver to its own node's objects. No warning with the
+/// defaults; the Node patch is named only for a chart that may patch Nodes.
+fn notes_warn_without_the_admission_policy(
+    helm: &Helm,
+    root: &Path,
+    spec: &crate::charts::specs::ChartSpec,
+) -> Result<()> {
+    let dir = root.join("charts").join(spec.name);
+    let notes = |set: &[&str]| -> Result<String> {
+        let mut args = vec![
+            "install",
+            RELEASE,
+            path_str(&dir)?,
+            "--dry-run=client",
+            "--namespace",
+            NAMESPACE,
+        ];
+        for s in set {
+            args.extend(["--set", s]);
+        }
+        let out = helm.output(&args)?;
+        Ok(out
+            .split_once("NOTES:")
+            .map(|(_, n)| n.to_owned())
+            .unwrap_or_default())
+    };
+    let defaults = notes(&[])?;
+    ensure!(
+        !defaults.is_empty() && !defaults.contains("WARNING"),
+        "{}: the default install notes are missing or warn:\n{defaults}",
+        spec.name
+    );
+    let off = notes(&["validatingAdmissionPolicy.enabled=false"])?;
+    ensure!(
+        off.contains("WARNING: validatingAdmissionPolicy.enabled=false"),
+        "{}: no warning in the install notes with the admission policy off:\n{off}",
+        spec.name
+    );
+    let patches_nodes = spec.node_verbs.contains(&"patch");
+    ensure!(
+        off.contains("patch\nevery Node") == patches_nodes,
+        "{}: the warning {} the Node patch, but the chart {} patch Nodes:\n{off}",
+        spec.name,
+        if patches_nodes { "omits" } else { "names" },
+        if patches_nodes { "may" } else { "may not" }
+    );
+    let no_rbac = notes(&[
+        "validatingAdmissionPolicy.enabled=false",
+        "rbac.create=false",
+    ])?;
+    ensure!(
+        !no_rbac.contains("WARNING"),
+        "{}: warns about the policy though the chart grants nothing (rbac.create=false)",
+        spec.name
+    );
+    eprintln!(
+        "==> charts: {} install notes warn without the admission policy",
+        spec.name
     );
     Ok(())
 }

@@ -38,8 +38,8 @@ pub fn check_rendered(spec: &ChartSpec, expect: &Expect, objs: &[Value]) -> Resu
         check_rbac(spec, expect, &r)?;
     } else {
         ensure!(
-            r.cluster_roles.is_empty(),
-            "rbac.create=false still renders a ClusterRole"
+            r.cluster_roles.is_empty() && r.roles.is_empty(),
+            "rbac.create=false still renders a ClusterRole or Role"
         );
     }
     if expect.vap {
@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn each_flaw_is_caught() {
         type Mutation = fn(&mut Vec<Value>);
-        let table: [(&str, &str, Mutation); 21] = [
+        let table: [(&str, &str, Mutation); 23] = [
             ("added capability", "capabilities must drop ALL", |o| {
                 ds_container(o)["securityContext"]["capabilities"]["add"] =
                     serde_json::json!(["SYS_ADMIN"])
@@ -341,6 +341,22 @@ mod tests {
                 let r = first_of(o, "ClusterRole");
                 r["rules"][0]["verbs"] = serde_json::json!(["get", "list"]);
             }),
+            ("patch on slices", "not least-privilege", |o| {
+                let r = first_of(o, "ClusterRole");
+                for rule in r["rules"].as_array_mut().unwrap() {
+                    if rule["resources"] == serde_json::json!(["resourceslices"]) {
+                        rule["verbs"].as_array_mut().unwrap().push("patch".into());
+                    }
+                }
+            }),
+            (
+                "events read back",
+                "grants more than creating events",
+                |o| {
+                    let r = first_of(o, "Role");
+                    r["rules"][0]["verbs"] = serde_json::json!(["create", "list"]);
+                },
+            ),
             ("misspelt field", ".containers[0].livenessProbes", |o| {
                 ds_container(o)["livenessProbes"] = serde_json::json!({})
             }),

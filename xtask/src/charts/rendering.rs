@@ -11,7 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::{Metadata, NamespaceResourceScope, Resource};
@@ -32,6 +32,8 @@ pub struct Rendering {
     pub service_accounts: Vec<ServiceAccount>,
     pub cluster_roles: Vec<ClusterRole>,
     pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+    pub roles: Vec<Role>,
+    pub role_bindings: Vec<RoleBinding>,
     pub services: Vec<Service>,
     pub service_monitors: Vec<ServiceMonitor>,
     pub policies: Vec<ValidatingAdmissionPolicy>,
@@ -53,6 +55,8 @@ impl Rendering {
             service_accounts: of_type(objs)?,
             cluster_roles: of_type(objs)?,
             cluster_role_bindings: of_type(objs)?,
+            roles: of_type(objs)?,
+            role_bindings: of_type(objs)?,
             services: of_type(objs)?,
             service_monitors: of_type(objs)?,
             policies: of_type(objs)?,
@@ -65,6 +69,8 @@ impl Rendering {
             (ServiceAccount::API_VERSION, ServiceAccount::KIND),
             (ClusterRole::API_VERSION, ClusterRole::KIND),
             (ClusterRoleBinding::API_VERSION, ClusterRoleBinding::KIND),
+            (Role::API_VERSION, Role::KIND),
+            (RoleBinding::API_VERSION, RoleBinding::KIND),
             (Service::API_VERSION, Service::KIND),
             (ServiceMonitor::API_VERSION, ServiceMonitor::KIND),
             (
