@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use e2e::scenarios::kit;
 use e2e::{ChartTestbed, LocalOptions, LocalTestbed, ManagedTestbed, Testbed};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use serde_json::Value;
@@ -42,13 +43,10 @@ pub struct DemoArgs {
 
 const NAMESPACE: &str = "demo";
 
-/// Printed once the cluster is up: `kubectl get nodes` shows NotReady, and
-/// a newcomer should not have to guess why.
-const NOT_READY_NOTE: &str = "\
-==> demo: `kubectl get nodes` shows every node NotReady: this cluster has no pod network (no CNI
-    plugin), so kubelet reports NetworkReady=false. That does not matter here: the drivers
-    and the demo's pods use the host network and tolerate the not-ready taints, and DRA
-    (slices, scheduling, prepare, CDI) does not depend on a pod network. See docs/e2e.md#the-demo.";
+/// How long the nodes have to report Ready once the cluster is up (each
+/// node's containerd loads its CNI config at start; kubelet reports the
+/// network ready at its next status update, every 10 s).
+const NODES_READY_WAIT: Duration = Duration::from_secs(60);
 
 /// Example files applied, in order (pods in files without one are created
 /// for the named template). Chosen to fit together: 16 chips and 16 EFAs on
@@ -133,8 +131,13 @@ async fn present(
     kubectl: &std::path::Path,
 ) -> Result<()> {
     eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
-    eprintln!("{NOT_READY_NOTE}");
-    let result = apply_and_print(&tb).await;
+    let result = match nodes_ready(&tb).await {
+        Ok(line) => {
+            eprintln!("==> demo: {line}");
+            apply_and_print(&tb).await
+        }
+        Err(e) => Err(e),
+    };
     if let Err(e) = &result {
         eprintln!("demo: {e:#}");
     }
@@ -156,6 +159,54 @@ async fn present(
     anyhow::ensure!(report.is_clean(), "teardown left {report:?}");
     eprintln!("==> torn down cleanly");
     result
+}
+
+/// Waits for every Node to report Ready: a line naming them, or an error
+/// with each node's Ready condition as it last was.
+async fn nodes_ready(tb: &impl Testbed) -> Result<String> {
+    let nodes: Api<Node> = Api::all(tb.client());
+    let deadline = Instant::now() + NODES_READY_WAIT;
+    loop {
+        let listed = nodes.list(&Default::default()).await?.items;
+        let states: Vec<(String, Option<String>)> = listed
+            .iter()
+            .map(|n| (n.metadata.name.clone().unwrap_or_default(), not_ready(n)))
+            .collect();
+        if !states.is_empty() && states.iter().all(|(_, why)| why.is_none()) {
+            let names: Vec<&str> = states.iter().map(|(n, _)| n.as_str()).collect();
+            return Ok(format!("nodes Ready: {}", names.join(", ")));
+        }
+        if Instant::now() >= deadline {
+            let waiting: Vec<String> = states
+                .into_iter()
+                .filter_map(|(n, why)| Some(format!("{n}: {}", why?)))
+                .collect();
+            anyhow::bail!(
+                "nodes not Ready after {NODES_READY_WAIT:?}: {}",
+                waiting.join("; ")
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Why `node` is not Ready (its Ready condition's reason and message), or
+/// `None` when it is.
+fn not_ready(node: &Node) -> Option<String> {
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[]);
+    match conditions.iter().find(|c| c.type_ == "Ready") {
+        Some(c) if c.status == "True" => None,
+        Some(c) => Some(format!(
+            "{} {}",
+            c.reason.as_deref().unwrap_or(""),
+            c.message.as_deref().unwrap_or("")
+        )),
+        None => Some("no Ready condition yet".into()),
+    }
 }
 
 async fn apply_and_print(tb: &impl Testbed) -> Result<()> {
@@ -297,16 +348,37 @@ fn short_driver(driver: &str) -> &str {
 mod tests {
     use super::*;
 
+    fn node(ready: Option<(&str, &str)>) -> Node {
+        let mut n = Node::default();
+        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: ready.map(|(status, message)| {
+                vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    reason: Some("KubeletNotReady".into()),
+                    message: Some(message.into()),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        });
+        n
+    }
+
     #[test]
-    fn the_not_ready_note_says_why_and_that_it_does_not_matter() {
-        for words in [
-            "NotReady",
-            "no pod network",
-            "does not matter",
-            "docs/e2e.md",
-        ] {
-            assert!(NOT_READY_NOTE.contains(words), "{words}");
-        }
+    fn a_node_is_ready_only_on_its_ready_condition() {
+        assert_eq!(not_ready(&node(Some(("True", "")))), None);
+        let why = not_ready(&node(Some((
+            "False",
+            "container runtime network not ready: cni plugin not initialized",
+        ))))
+        .unwrap();
+        assert!(why.contains("cni plugin not initialized"), "{why}");
+        assert_eq!(
+            not_ready(&node(None)).as_deref(),
+            Some("no Ready condition yet")
+        );
+        assert!(not_ready(&Node::default()).is_some());
     }
 
     #[test]

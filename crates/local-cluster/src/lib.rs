@@ -15,7 +15,9 @@
 //! `cargo xtask demo` use. Its modules import only each other.
 //!
 //! Limits: root is required (kubelet and containerd manage cgroups and
-//! mounts); pods should use `hostNetwork: true` (no CNI network is set up) and
+//! mounts); pods should use `hostNetwork: true` (each node has a bridge
+//! network of its own, the `cni` module, which reaches the host but not
+//! Services) and
 //! `imagePullPolicy: Never` with [`PAUSE_IMAGE`]/[`PROBE_IMAGE`] (no registry).
 
 mod cgroups;
@@ -23,6 +25,7 @@ pub mod cluster;
 pub mod cluster_config;
 mod cluster_outage;
 mod cluster_restart;
+mod cni;
 mod control_plane;
 pub mod error;
 pub mod go_build;

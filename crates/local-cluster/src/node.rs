@@ -6,8 +6,9 @@
 //! containerd of its own (a kubelet garbage-collects containers it does not
 //! know, so two kubelets on one runtime would kill each other's pods).
 //! containerd gets the node's CDI dir as its only `cdi_spec_dirs` entry, the
-//! pause and probe images imported into its `k8s.io` namespace, and no CNI
-//! network: pods use the host network.
+//! pause and probe images imported into its `k8s.io` namespace, and a
+//! bridge network of the node's own (the `cni` module), so that the Node is
+//! Ready; the pods of the tests use the host network.
 
 use std::fs;
 use std::net::Ipv4Addr;
@@ -19,6 +20,7 @@ use serde_json::json;
 
 use crate::cgroups;
 use crate::cluster_config::{NODE_IP, NodeSpec, write_json};
+use crate::cni::PodNetwork;
 use crate::error::{Error, Result, io};
 use crate::pki::CertPair;
 use crate::process::{ManagedProcess, run_checked};
@@ -72,6 +74,8 @@ pub(crate) struct NodeProcesses {
     kubelet: Option<ManagedProcess>,
     /// Pids of the `ctr` imports etc. are not kept: they are waited for.
     runtime_cgroup: String,
+    /// Removed when the runtime stops.
+    pod_network: PodNetwork,
 }
 
 impl NodeProcesses {
@@ -104,6 +108,7 @@ impl NodeProcesses {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+        self.pod_network.remove();
     }
 
     pub(crate) fn check_running(&mut self) -> Result<()> {
@@ -177,6 +182,8 @@ pub(crate) async fn start(
     });
     let config_path = plan.run_dir.join("containerd.toml");
     fs::write(&config_path, config).map_err(io("writing", &config_path))?;
+    let pod_network = PodNetwork::for_kubelet_port(plan.kubelet_port);
+    pod_network.write(&cni_conf, &s.join("cni/ipam"), &binaries.cni_bin_dir)?;
 
     let path_env = format!(
         "{}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -198,6 +205,7 @@ pub(crate) async fn start(
         containerd,
         kubelet: None,
         runtime_cgroup,
+        pod_network,
     };
 
     let ctr = |args: &[&str]| -> Command {
