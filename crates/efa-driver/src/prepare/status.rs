@@ -40,8 +40,15 @@ pub(crate) fn device_status(
     devices
         .iter()
         .filter_map(|d| {
-            let address = parse_device_name(&d.device)?;
-            let efa = discovery::read_one(sysfs, address).ok()?;
+            let Some(address) = parse_device_name(&d.device) else {
+                tracing::debug!(device = %d.device, "no EFA status data: not an EFA device name");
+                return None;
+            };
+            let efa = discovery::read_one(sysfs, address)
+                .inspect_err(|error| {
+                    tracing::debug!(device = %d.device, %error, "no EFA status data: the EFA cannot be read")
+                })
+                .ok()?;
             Some(status_of(sysfs, &d.device, &efa))
         })
         .collect()

@@ -24,8 +24,12 @@ pub(super) fn device_status(
     inventory: &NodeInventory,
     devices: &[AllocatedDevice<NeuronConfig>],
 ) -> Vec<DeviceStatus> {
-    let Ok(edits) = claim_edits(inventory, devices) else {
-        return Vec::new();
+    let edits = match claim_edits(inventory, devices) {
+        Ok(edits) => edits,
+        Err(error) => {
+            tracing::debug!(%error, "no Neuron status data: the claim no longer resolves");
+            return Vec::new();
+        }
     };
     let env = edits.first().map(|e| &e.edits.env);
     let visible = env.and_then(|e| e.get(ENV_VISIBLE_CORES)).cloned();
@@ -35,7 +39,11 @@ pub(super) fn device_status(
     devices
         .iter()
         .filter_map(|d| {
-            let resolved = resolve(inventory, d).ok()?;
+            let resolved = resolve(inventory, d)
+                .inspect_err(|error| {
+                    tracing::debug!(device = %d.device, %error, "no Neuron status data for this device")
+                })
+                .ok()?;
             let mut data = Map::new();
             match resolved.as_slice() {
                 [one] => {

@@ -111,6 +111,8 @@ impl ClaimStatus {
     ) {
         for (claim, fetched) in requested.iter().zip(fetched) {
             let (Some(Ok(_)), Ok(Some(object))) = (answers.get(&claim.uid), fetched) else {
+                // Not prepared by this call: prepare logged why.
+                tracing::debug!(claim = %claim, "no status: the claim was not prepared");
                 continue;
             };
             self.send(Event::Prepared {
@@ -137,7 +139,10 @@ impl ClaimStatus {
     }
 
     fn send(&self, event: Event) {
-        let Some(events) = &self.events else { return };
+        let Some(events) = &self.events else {
+            tracing::debug!("no status: this plugin writes no claim status (no API client)");
+            return;
+        };
         if events.try_send(event).is_err() {
             tracing::warn!("claim status queue full or closed; this status write is dropped");
             if let Some(m) = &self.metrics {

@@ -456,3 +456,5 @@ fn the_write_counter_is_named_by_the_rule() {
         .collect();
     assert_eq!(names, ["aws_dra_plugin_claim_status_writes_total"]);
 }
+
+mod shapes;

@@ -128,6 +128,7 @@ impl<D: Driver> Tracker<D> {
                     .get(&claim.uid)
                     .is_some_and(|d| same_devices(d, &desired))
                 {
+                    tracing::debug!(claim = %claim, "no status write: these entries are already written");
                     return;
                 }
                 if !self.claims.contains_key(&claim.uid) && self.claims.len() >= MAX_CLAIMS {
@@ -170,11 +171,21 @@ impl<D: Driver> Tracker<D> {
         )
         .ok()?;
         if resolved.is_empty() {
+            tracing::debug!(claim = %claim, driver = %self.driver_name, "no status: the claim has no devices of this driver");
             return None;
         }
         let allocated: Vec<AllocatedDevice<D::Config>> =
             resolved.iter().map(|r| r.allocated.clone()).collect();
         let reports = self.driver.device_status(claim, &allocated);
+        if reports.len() < allocated.len() {
+            // Their entries still carry the Ready condition.
+            let without: Vec<&str> = allocated
+                .iter()
+                .filter(|a| !reports.iter().any(|r| r.device == a.device))
+                .map(|a| a.device.as_str())
+                .collect();
+            tracing::debug!(claim = %claim, ?without, "the driver gave no data for some devices");
+        }
         let now = Timestamp::now();
         let mut slots = Vec::new();
         for r in &resolved {
