@@ -42,7 +42,16 @@ async fn register_prepare_unprepare_v1() {
         (d.pool_name.as_str(), d.device_name.as_str()),
         ("node", "dev-0")
     );
-    assert_eq!(d.cdi_device_ids, [format!("k8s.{DRIVER}/dev={uid}-dev-0")]);
+    // The device's own CDI device, then the one that mounts its request's
+    // device attributes file: kubelet hands the runtime only the ids in the
+    // answer, so a mount not named here would never reach the container.
+    assert_eq!(
+        d.cdi_device_ids,
+        [
+            format!("k8s.{DRIVER}/dev={uid}-dev-0"),
+            format!("k8s.{DRIVER}/dev={uid}_req"),
+        ]
+    );
     assert_eq!(d.share_id, None);
     let spec = h
         .root
@@ -50,6 +59,12 @@ async fn register_prepare_unprepare_v1() {
         .join(format!("k8s.{DRIVER}-dev_{uid}.json"));
     let parsed = container_device_interface::spec::read_spec(&spec, 0).unwrap();
     assert!(parsed.get_device(&format!("{uid}-dev-0")).is_some());
+    assert!(parsed.get_device(&format!("{uid}_req")).is_some());
+    let attributes = h
+        .root
+        .join("dra-device-attributes")
+        .join(format!("{DRIVER}-{uid}-req.json"));
+    assert!(attributes.exists(), "{}", attributes.display());
 
     // Idempotent: same answer, driver not called again.
     let again = prepare_v1(&h, vec![v1_claim(uid, "c1")]).await;
@@ -68,6 +83,7 @@ async fn register_prepare_unprepare_v1() {
         assert_eq!(un.claims[uid].error, "");
     }
     assert!(!spec.exists());
+    assert!(!attributes.exists(), "the attributes file goes with the claim");
     assert_eq!(
         h.driver.unprepares.lock().unwrap().len(),
         1,
@@ -109,7 +125,10 @@ async fn register_prepare_unprepare_v1beta1_and_registration_failure() {
     assert_eq!(resp.claims[uid].error, "");
     assert_eq!(
         resp.claims[uid].devices[0].cdi_device_ids,
-        [format!("k8s.{DRIVER}/dev={uid}-dev-1")]
+        [
+            format!("k8s.{DRIVER}/dev={uid}-dev-1"),
+            format!("k8s.{DRIVER}/dev={uid}_req"),
+        ]
     );
     let un = client
         .node_unprepare_resources(dra_v1beta1::NodeUnprepareResourcesRequest {
