@@ -49,6 +49,17 @@ pub fn free_port() -> Result<u16> {
 
 /// A plain HTTP/1.0 GET on loopback; the body on a 200.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    match http_get_status(addr, path)? {
+        (200, body) => Ok(body),
+        (status, _) => Err(Error::Testbed(format!(
+            "GET http://{addr}{path}: status {status}"
+        ))),
+    }
+}
+
+/// A plain HTTP/1.0 GET on loopback: the status code and the body, whatever
+/// the status (a `/readyz` that says why it is not ready answers 503).
+pub fn http_get_status(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let fail = |m: String| Error::Testbed(format!("GET http://{addr}{path}: {m}"));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
         .map_err(|e| fail(e.to_string()))?;
@@ -62,10 +73,13 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
     let (head, body) = response
         .split_once("\r\n\r\n")
         .ok_or_else(|| fail("no header end".into()))?;
-    if !(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200")) {
-        return Err(fail(head.lines().next().unwrap_or_default().to_string()));
-    }
-    Ok(body.to_string())
+    let status_line = head.lines().next().unwrap_or_default();
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| fail(format!("no status in {status_line:?}")))?;
+    Ok((status, body.to_string()))
 }
 
 /// VmRSS of `pid` in KiB.
@@ -81,16 +95,6 @@ pub fn rss_kib(pid: i32) -> Option<u64> {
 /// The repository's `examples/` directory.
 pub fn examples_dir() -> PathBuf {
     repo_root().join("examples")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rss_of_this_process_is_known() {
-        assert!(rss_kib(std::process::id() as i32).unwrap() > 0);
-    }
 }
 
 /// File names in `dir` on this machine, sorted; none when it does not exist.
@@ -115,5 +119,15 @@ pub fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
         Ok(bytes) => Ok(Some(bytes)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io("reading", path)(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_of_this_process_is_known() {
+        assert!(rss_kib(std::process::id() as i32).unwrap() > 0);
     }
 }

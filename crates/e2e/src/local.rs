@@ -35,10 +35,15 @@ use crate::manifests;
 use crate::manifests::GPU_TEST_MANIFEST;
 use crate::pod_adapt::adapt_pod_for_local;
 use crate::pools::wait_pool_complete;
-use crate::testbed::{DriverKind, LocalOptions, ManagedTestbed, NodeDir, NodeInfo, Testbed};
+use crate::testbed::{
+    DriverKind, LocalOptions, ManagedTestbed, NodeDir, NodeInfo, Testbed, TestbedOp,
+};
 use local_cluster::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec, TeardownReport};
 use local_cluster::error::{Error, Result, io};
 use local_cluster::toolchain::PAUSE_IMAGE;
+
+mod outage;
+mod spawn;
 
 /// How long a driver may take from start to a complete pool in the API.
 const SLICES_TIMEOUT: Duration = Duration::from_secs(90);
@@ -432,50 +437,8 @@ impl Testbed for LocalTestbed {
     }
 
     async fn start_driver(&self, node: &str, kind: DriverKind) -> Result<Duration> {
-        if self.driver_running(node, kind) {
-            return Err(Error::Testbed(format!(
-                "{} already runs on {node}",
-                kind.binary()
-            )));
-        }
-        let (sys, dev, kubeconfig, port, expected) = self.with_slot(node, kind, |n, s| {
-            (
-                n.info.fixture.sys.clone(),
-                n.info.fixture.dev.clone(),
-                s.kubeconfig.clone(),
-                s.metrics_port,
-                kind.expected_devices_in(&n.info.fixture, &self.driver_env),
-            )
-        })?;
-        let mut cmd = Command::new(self.bin_dir.join(kind.binary()));
-        cmd.arg("run")
-            .arg("--sysfs-root")
-            .arg(&sys)
-            .arg("--dev-root")
-            .arg(&dev)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("METRICS_ADDRESS", format!("127.0.0.1:{port}"))
-            .env("LOG_FORMAT", "text")
-            .env("LOG_LEVEL", "info,dra_core=debug")
-            // Plain text in the log files.
-            .env("NO_COLOR", "1")
-            .envs(self.driver_env.iter().cloned())
-            .env_remove("POD_UID");
         let started = Instant::now();
-        let process = {
-            let cluster = self.cluster.lock().await;
-            cluster.spawn_host_process(node, kind.binary(), cmd)?
-        };
-        {
-            let mut nodes = self.lock_nodes()?;
-            if let Some(slot) = nodes
-                .iter_mut()
-                .find(|n| n.info.name == node)
-                .and_then(|n| n.drivers.get_mut(&kind))
-            {
-                slot.process = Some(process);
-            }
-        }
+        let expected = self.spawn_driver_process(node, kind).await?;
         self.wait_for_pool(node, kind, expected).await?;
         let elapsed = started.elapsed();
         // The figure is the cold start; a restart finds its pool already there.
@@ -586,5 +549,25 @@ impl Testbed for LocalTestbed {
             "component logs in {} (drivers: nodes/<node>/<driver>.log, kubelet: nodes/<node>/kubelet.log)",
             self.run_dir.display()
         )
+    }
+
+    fn offers() -> &'static [TestbedOp] {
+        &[TestbedOp::StopApiServer]
+    }
+
+    async fn with_api_server_stopped<R>(&self, outage: impl Future<Output = R>) -> Result<R> {
+        self.api_server_outage(outage).await
+    }
+
+    async fn spawn_driver(&self, node: &str, kind: DriverKind) -> Result<()> {
+        self.spawn_driver_process(node, kind).await.map(|_| ())
+    }
+
+    async fn driver_readyz(&self, node: &str, kind: DriverKind) -> Result<(u16, String)> {
+        self.readyz(node, kind).await
+    }
+
+    fn driver_process_id(&self, node: &str, kind: DriverKind) -> Option<i32> {
+        self.driver_pid(node, kind)
     }
 }

@@ -165,6 +165,9 @@ pub fn rescan_interval_env_of(interval: Duration) -> (String, String) {
 pub enum TestbedOp {
     /// [`Testbed::upgrade_driver_image`].
     UpgradeDriverImage,
+    /// [`Testbed::with_api_server_stopped`], [`Testbed::spawn_driver`],
+    /// [`Testbed::driver_readyz`] and [`Testbed::driver_process_id`].
+    StopApiServer,
 }
 
 impl TestbedOp {
@@ -173,6 +176,10 @@ impl TestbedOp {
         match self {
             TestbedOp::UpgradeDriverImage => {
                 "`helm upgrade` a driver's release to a new image (drivers installed from the charts)"
+            }
+            TestbedOp::StopApiServer => {
+                "stop the API server and start a driver while it is down (drivers as host processes \
+                 on a local cluster)"
             }
         }
     }
@@ -448,4 +455,34 @@ pub trait Testbed: Send + Sync {
             TestbedOp::UpgradeDriverImage.describe()
         )))
     }
+    /// Stops the API server (the rest of the control plane, the kubelets,
+    /// containerd and the drivers keep running), runs `outage`, then starts
+    /// the API server again whatever `outage` returned, and returns its
+    /// output once the API server answers `/readyz` with `ok`
+    /// ([`TestbedOp::StopApiServer`]).
+    async fn with_api_server_stopped<R>(&self, _outage: impl Future<Output = R>) -> Result<R> {
+        Err(lacks(TestbedOp::StopApiServer))
+    }
+    /// Starts the driver on `node` (it must not be running) and returns once
+    /// its process runs, waiting for nothing from the API server: a driver
+    /// started during an outage ([`TestbedOp::StopApiServer`]).
+    async fn spawn_driver(&self, _node: &str, _kind: DriverKind) -> Result<()> {
+        Err(lacks(TestbedOp::StopApiServer))
+    }
+    /// The driver's `/readyz`: HTTP status and body, also when not ready
+    /// ([`TestbedOp::StopApiServer`]).
+    async fn driver_readyz(&self, _node: &str, _kind: DriverKind) -> Result<(u16, String)> {
+        Err(lacks(TestbedOp::StopApiServer))
+    }
+    /// The id of the driver's running process on `node` (a restarted driver
+    /// has a new one); `None` when it does not run
+    /// ([`TestbedOp::StopApiServer`]).
+    fn driver_process_id(&self, _node: &str, _kind: DriverKind) -> Option<i32> {
+        None
+    }
+}
+
+/// The error of an optional operation a testbed does not offer.
+fn lacks(op: TestbedOp) -> Error {
+    Error::Testbed(format!("this testbed cannot {}", op.describe()))
 }

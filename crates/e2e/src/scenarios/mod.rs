@@ -32,6 +32,7 @@ mod health;
 pub mod kit;
 mod lifecycle;
 mod migration;
+mod outage;
 mod partitions;
 mod publish;
 mod reuse;
@@ -160,6 +161,8 @@ scenarios! {
         => aws_claims::aws_neuron_claims;
     s27_ultraserver [PartitionableDevices] "4 trn2u kubelets of one UltraServer: groups of 4 and of 2 whole-node pods each on one set with consistent ids; an unsupported mode is refused by name"
         => aws_claims::ultraserver;
+    s28_apiserver_outage [] testbed [StopApiServer] "API server stopped, p5's EFA driver started meanwhile: kubelet registers it and its pending unprepare runs from the checkpoint; API server back: the same process becomes ready, its slices unchanged, a new pod runs"
+        => outage::apiserver_outage;
     s29_claim_device_status [] "a ResourceClaim of one chip and its EFA on trn2: each driver writes a Ready entry per prepared device with its data, as its own field manager; the entries are gone once the pod is, the claim stays"
         => claim_status::claim_device_status;
     s30_device_attribute_files [] "4 chips + 4 EFAs on trn2: each driver's attributes file per request holds its allocated devices with their published attributes (chips and EFAs paired by devicegroup1_id), the claim's CDI spec mounts it read-only, the container sees the same bytes; gone after unprepare"
@@ -285,7 +288,15 @@ mod tests {
         );
         let why = s24.testbed_skip_reason(&[]).unwrap();
         assert!(why.contains("helm upgrade"), "{why}");
-        for s in SCENARIOS.iter().filter(|s| s.name != s24.name) {
+        // Only testbeds that can stop their API server run s28.
+        let s28 = find("s28_apiserver_outage").unwrap();
+        assert_eq!(s28.testbed_skip_reason(&[TestbedOp::StopApiServer]), None);
+        let why = s28.testbed_skip_reason(&[]).unwrap();
+        assert!(why.contains("stop the API server"), "{why}");
+        for s in SCENARIOS
+            .iter()
+            .filter(|s| s.name != s24.name && s.name != s28.name)
+        {
             assert_eq!(s.testbed_skip_reason(&[]), None, "{}", s.name);
         }
         // The UltraServer's whole-node device needs counters.
