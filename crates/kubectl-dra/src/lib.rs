@@ -22,7 +22,8 @@
 //!   [`explain::subject`] finds what is explained (a claim, or each claim of
 //!   a pod), `request` checks one request against every device, `solve` fits
 //!   the requests together on one node under the constraints, `allocated`
-//!   checks a claim that is already allocated.
+//!   checks a claim that is already allocated and [`explain::device_status`]
+//!   shows what the drivers wrote in its `status.devices`.
 //! - [`lookup`]: `-A` for `explain`: the namespace that holds the claim or pod.
 //! - [`render`]: an explanation as plain text.
 //! - [`devices`]: `devices`: the device table.

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::explain::{Allocatable, Explanation};
+use crate::explain::{Allocatable, Explanation, device_status};
 
 pub fn explanation(e: &Explanation) -> String {
     let mut out = String::new();
@@ -17,6 +17,12 @@ pub fn explanation(e: &Explanation) -> String {
             for why in &c.why {
                 let _ = writeln!(out, "    - {why}");
             }
+        }
+        if !e.device_status.is_empty() {
+            let _ = writeln!(out, "  device status (status.devices):");
+        }
+        for line in device_status::lines(&e.device_status) {
+            let _ = writeln!(out, "    {line}");
         }
     }
     for r in &e.requests {

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use k8s_openapi::api::resource::v1::AllocationResult;
 
 use super::request::{Mode, RequestSpec, compile_class, outcome_text, plans};
-use super::{Allocatable, ChosenDevice, Explanation, Subject};
+use super::{Allocatable, ChosenDevice, Explanation, Subject, device_status};
 use crate::cel::Selector;
 use crate::world::{AttributeValue, DeviceId, World};
 
@@ -214,5 +214,6 @@ pub fn explain_allocated(
         nodes_that_fit: nodes,
         chosen,
         problems,
+        device_status: device_status::of_claim(world, subject.key.as_deref()),
     }
 }

@@ -9,6 +9,7 @@
 //! budget; when the budget runs out the verdict says so instead of guessing.
 
 mod allocated;
+pub mod device_status;
 mod request;
 mod solve;
 pub mod subject;
@@ -19,6 +20,7 @@ use k8s_openapi::api::resource::v1::{DeviceConstraint, ResourceClaimSpec};
 use serde::Serialize;
 
 use crate::world::{DeviceId, World};
+pub use device_status::DeviceStatusEntry;
 pub use request::{Rejection, RequestSpec};
 pub use subject::{Subject, subjects_for_claim, subjects_for_pod};
 
@@ -132,6 +134,10 @@ pub struct Explanation {
     /// allocation still satisfies the claim.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// For an allocated claim: what the drivers wrote in its
+    /// `status.devices` (none before they prepared it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub device_status: Vec<DeviceStatusEntry>,
 }
 
 /// Options that narrow the search.
@@ -225,6 +231,7 @@ pub fn explain(world: &World, subject: &Subject, scope: &Scope) -> Explanation {
         nodes_that_fit: outcome.fits.iter().map(|s| s.to_string()).collect(),
         chosen: outcome.example,
         problems: vec![],
+        device_status: vec![],
     }
 }
 
