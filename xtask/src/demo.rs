@@ -349,20 +349,21 @@ mod tests {
     use super::*;
 
     fn node(ready: Option<(&str, &str)>) -> Node {
-        let mut n = Node::default();
-        n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
-            conditions: ready.map(|(status, message)| {
-                vec![k8s_openapi::api::core::v1::NodeCondition {
-                    type_: "Ready".into(),
-                    status: status.into(),
-                    reason: Some("KubeletNotReady".into()),
-                    message: Some(message.into()),
-                    ..Default::default()
-                }]
+        Node {
+            status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: ready.map(|(status, message)| {
+                    vec![k8s_openapi::api::core::v1::NodeCondition {
+                        type_: "Ready".into(),
+                        status: status.into(),
+                        reason: Some("KubeletNotReady".into()),
+                        message: Some(message.into()),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
             }),
             ..Default::default()
-        });
-        n
+        }
     }
 
     #[test]

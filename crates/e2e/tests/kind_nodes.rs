@@ -69,7 +69,7 @@ fn pairs_bound_to(before: &str, name: &str, fixture: &str) -> Option<Vec<(String
     let body = &before[decl..];
     let body = &body[body.find('=')?..body.find("];")?];
     let strings: Vec<&str> = body.split('"').skip(1).step_by(2).collect();
-    if strings.is_empty() || strings.len() % 2 != 0 {
+    if strings.is_empty() || !strings.len().is_multiple_of(2) {
         return None;
     }
     Some(
