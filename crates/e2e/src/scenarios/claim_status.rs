@@ -43,10 +43,24 @@ pub async fn claim_device_status(tb: &impl Testbed, ns: &str) -> Result<()> {
     let object = kit::wait_for(tb, "a Ready entry per device", STATUS_WAIT, || async {
         let c = api.get(CLAIM).await?;
         let entries = entries(&c)?;
-        let ready = entries
+        let ready: Vec<(&str, &str, &str)> = entries
             .iter()
-            .filter(|e| condition(e) == ("True", "Prepared"));
-        Ok((ready.count() == kit::allocation(&c).len()).then_some(c))
+            .filter(|e| condition(e) == ("True", "Prepared"))
+            .map(|e| (str_of(e, "driver"), str_of(e, "pool"), str_of(e, "device")))
+            .collect();
+        // Named in the timeout's message: which driver did not write.
+        let missing: Vec<String> = kit::allocation(&c)
+            .iter()
+            .filter(|a| !ready.contains(&(a.driver.as_str(), a.pool.as_str(), a.device.as_str())))
+            .map(|a| format!("{} {}/{}", a.driver, a.pool, a.device))
+            .collect();
+        if missing.is_empty() {
+            Ok(Some(c))
+        } else {
+            Err(anyhow!(
+                "no Ready entry yet for {missing:?}; entries: {entries:?}"
+            ))
+        }
     })
     .await?;
     let allocated = kit::allocation(&object);
