@@ -83,7 +83,10 @@ async fn register_prepare_unprepare_v1() {
         assert_eq!(un.claims[uid].error, "");
     }
     assert!(!spec.exists());
-    assert!(!attributes.exists(), "the attributes file goes with the claim");
+    assert!(
+        !attributes.exists(),
+        "the attributes file goes with the claim"
+    );
     assert_eq!(
         h.driver.unprepares.lock().unwrap().len(),
         1,
