@@ -249,14 +249,18 @@ impl Node {
             vec![config(self.driver_name, self.good_config.clone())],
         ));
         let ids = self.prepare(&uid).await.expect("the good claim prepares");
-        assert_eq!(
-            ids,
-            vec![format!(
-                "k8s.{}/{}={uid}-{good}",
-                self.driver_name, self.cdi_class
-            )]
-        );
+        assert_eq!(ids, self.cdi_ids(&uid, good));
         error
+    }
+
+    /// What a prepare of one device answers: the device's CDI id, then the
+    /// one that mounts its request's device attributes file.
+    pub fn cdi_ids(&self, uid: &str, device: &str) -> Vec<String> {
+        let kind = format!("k8s.{}/{}", self.driver_name, self.cdi_class);
+        vec![
+            format!("{kind}={uid}-{device}"),
+            format!("{kind}={uid}_{}", self.claim_name),
+        ]
     }
 
     /// A claim of the first good device with one opaque config of this
@@ -310,14 +314,7 @@ where
         .prepare(BAD_UID)
         .await
         .unwrap_or_else(|e| panic!("{case}: {e}"));
-    assert_eq!(
-        ids,
-        vec![format!(
-            "k8s.{}/{}={BAD_UID}-{device}",
-            n.driver_name, n.cdi_class
-        )],
-        "{case}"
-    );
+    assert_eq!(ids, n.cdi_ids(BAD_UID, &device), "{case}");
     let seen = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         n.assert_nothing_left(BAD_UID)
     }));
@@ -429,7 +426,8 @@ where
         vec![],
     );
     n.refused(bad).await;
-    n.claims.insert(n.claim_of("4e000000-0000-4000-8000-0000000000e7", &kept, vec![]));
+    n.claims
+        .insert(n.claim_of("4e000000-0000-4000-8000-0000000000e7", &kept, vec![]));
     n.prepare("4e000000-0000-4000-8000-0000000000e7")
         .await
         .unwrap_or_else(|e| panic!("{case}: the good device was left half-prepared: {e}"));
