@@ -78,7 +78,11 @@ async fn set_sharing(tb: &impl Testbed, value: Option<&str>) -> Result<()> {
             Ok(done.then_some(()))
         },
     )
-    .await
+    .await?;
+    // Slices come before the kubelet knows the restarted driver: a pod
+    // created in between fails its prepare ("not registered") and is only
+    // retried at the kubelet's next periodic sync of the pod, 60-90 s later.
+    super::migration::registered_on(tb, NODE, DriverKind::Efa).await
 }
 
 fn is_shared(d: &Device) -> bool {
