@@ -69,7 +69,6 @@ struct Things;
 impl DeviceInventory for Things {
     type Flags = NoExtraArgs;
     type Error = Never;
-    type Driver = Thing;
     const UEVENT_SUBSYSTEMS: &'static [&'static str] = &[];
     fn open(_: &HostPaths, _: &NoExtraArgs, _: &prometheus::Registry) -> Result<Self, Never> {
         Ok(Things)
@@ -80,6 +79,11 @@ impl DeviceInventory for Things {
             ..Default::default()
         })])
     }
+}
+
+impl dra_core::NodeDriver for Things {
+    type Driver = Thing;
+
     fn driver(&self) -> Thing {
         Thing
     }

@@ -482,3 +482,81 @@ fn the_checker_sees_circles_between_top_level_modules() {
         );
     }
 }
+
+/// dra-core's layers and what each may import, as each top-level module's
+/// own doc states it (`crates/dra-core/src/<layer>/mod.rs`): `scan` and
+/// `prepare` import no other layer, `publish` only `scan`, `kubelet` only
+/// `prepare` and `scan`, `daemon` every other layer. `testing` and
+/// `fuzzing` are entry points for tests, not layers: no layer imports them
+/// outside its tests.
+const DRA_CORE_LAYERS: &[(&str, &[&str])] = &[
+    ("scan", &[]),
+    ("publish", &["scan"]),
+    ("prepare", &[]),
+    ("kubelet", &["prepare", "scan"]),
+    ("daemon", &["scan", "publish", "prepare", "kubelet"]),
+];
+
+/// What breaks [`DRA_CORE_LAYERS`] in a top-level graph, one line each.
+fn layer_violations(top: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for (layer, allowed) in DRA_CORE_LAYERS {
+        let Some(targets) = top.get(&vec![(*layer).to_owned()]) else {
+            wrong.push(format!("{layer}: no such top-level module"));
+            continue;
+        };
+        for to in targets.iter().filter_map(|t| t.first()) {
+            if !allowed.contains(&to.as_str()) {
+                wrong.push(format!("{layer} imports {to}"));
+            }
+        }
+    }
+    wrong
+}
+
+#[test]
+fn dra_core_layers_import_only_what_their_docs_allow() {
+    let top = top_level(&graph(&repo_root().join("crates/dra-core/src")));
+    assert_eq!(layer_violations(&top), Vec::<String>::new());
+    // Each rule is stated in the layer's own doc: the test and the docs
+    // cannot drift apart silently.
+    for (layer, _) in DRA_CORE_LAYERS {
+        let doc = std::fs::read_to_string(
+            repo_root().join(format!("crates/dra-core/src/{layer}/mod.rs")),
+        )
+        .unwrap();
+        assert!(
+            doc.lines()
+                .any(|l| l.starts_with("//!") && l.to_lowercase().contains("import")),
+            "{layer}/mod.rs states no import rule"
+        );
+    }
+}
+
+#[test]
+fn the_layer_check_sees_an_import_against_the_rules() {
+    let edge = |from: &str, to: &[&str]| {
+        (
+            vec![from.to_owned()],
+            to.iter()
+                .map(|t| vec![(*t).to_owned()])
+                .collect::<BTreeSet<_>>(),
+        )
+    };
+    let mut top: BTreeMap<_, _> = [
+        edge("scan", &[]),
+        edge("publish", &["scan"]),
+        edge("prepare", &[]),
+        edge("kubelet", &["prepare"]),
+        edge("daemon", &["kubelet", "publish"]),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(layer_violations(&top), Vec::<String>::new());
+    top.insert(vec!["scan".into()], [vec!["kubelet".to_owned()]].into());
+    top.insert(vec!["prepare".into()], [vec!["testing".to_owned()]].into());
+    assert_eq!(
+        layer_violations(&top),
+        ["scan imports kubelet", "prepare imports testing"]
+    );
+}

@@ -22,11 +22,12 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use dra_core::{
-    ApiSupport, DeviceHealth, DeviceInventory, DiscoveryCache, Fingerprint, HealthCondition,
-    HostPaths, ScannedDevice, Severity,
+    ApiSupport, DeviceHealth, DeviceInventory, HealthCondition, HostPaths, NodeDriver,
+    ScannedDevice, Severity,
 };
 use k8s_openapi::api::resource::v1::Device;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use topology::reuse::{DiscoveryCache, Fingerprint};
 use topology::{PciAddress, SysfsRoot};
 
 use crate::attributes;
@@ -232,7 +233,6 @@ impl EfaInventory {
 impl DeviceInventory for EfaInventory {
     type Flags = EfaFlags;
     type Error = InventoryError;
-    type Driver = EfaDriver;
     const UEVENT_SUBSYSTEMS: &'static [&'static str] = RELEVANT_SUBSYSTEMS;
 
     fn open(
@@ -320,6 +320,10 @@ impl DeviceInventory for EfaInventory {
         self.samples = samples;
         Ok(out.into_values().collect())
     }
+}
+
+impl NodeDriver for EfaInventory {
+    type Driver = EfaDriver;
 
     fn driver(&self) -> EfaDriver {
         EfaDriver::new(self.root.clone(), &self.dev_root)

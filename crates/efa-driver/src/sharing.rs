@@ -132,7 +132,7 @@ pub fn adapter_gbps(instance_type: &str) -> Option<u64> {
 /// `1T`): the API server stores quantities canonically, and the publisher
 /// compares request policies as written.
 pub fn bits_per_second(gbps: u64) -> Quantity {
-    if gbps % 1000 == 0 {
+    if gbps.is_multiple_of(1000) {
         Quantity(format!("{}T", gbps / 1000))
     } else {
         Quantity(format!("{gbps}G"))

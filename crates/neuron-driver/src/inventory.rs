@@ -17,13 +17,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use dra_core::{
-    ApiSupport, DeviceHealth, DeviceInventory, DiscoveryCache, Fingerprint, HostPaths,
-    ScannedDevice,
-};
+use dra_core::{ApiSupport, DeviceHealth, DeviceInventory, HostPaths, NodeDriver, ScannedDevice};
 use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::Registry;
 use topology::SysfsRoot;
+use topology::reuse::{DiscoveryCache, Fingerprint};
 
 use crate::attributes::network_node_layers;
 use crate::bdf::{BdfSource, NeuronIoctl};
@@ -245,7 +243,6 @@ fn worst_per_dimension<'a>(
 impl DeviceInventory for NeuronInventory {
     type Flags = NeuronFlags;
     type Error = DiscoveryError;
-    type Driver = NeuronDriver;
     const UEVENT_SUBSYSTEMS: &'static [&'static str] = RELEVANT_SUBSYSTEMS;
 
     fn open(host: &HostPaths, flags: &NeuronFlags, _: &Registry) -> Result<Self, DiscoveryError> {
@@ -340,6 +337,10 @@ impl DeviceInventory for NeuronInventory {
         *self.shared.write().unwrap_or_else(|e| e.into_inner()) = inventory;
         Ok(scanned)
     }
+}
+
+impl NodeDriver for NeuronInventory {
+    type Driver = NeuronDriver;
 
     fn driver(&self) -> NeuronDriver {
         NeuronDriver::new(self.shared.clone())

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use dra_core::{AllocatedDevice, DeviceInventory, Driver, HostPaths};
+use dra_core::{AllocatedDevice, DeviceInventory, Driver, HostPaths, NodeDriver};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use neuron_driver::bdf::StaticBdf;
 use neuron_driver::discovery::{BdfCache, NodeInventory, discover};

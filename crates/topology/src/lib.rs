@@ -11,7 +11,9 @@
 //! - [`devicegroup`]: AWS's `devicegroup{1,4,8,16}_id` and chip ↔ EFA pairing;
 //! - [`ids`]: vendor/device ids and a classifier;
 //! - [`sysfs`]: attribute and link helpers the drivers reuse;
-//! - [`held`]: attributes held open between scans, with one stale-handle policy.
+//! - [`held`]: attributes held open between scans, with one stale-handle policy;
+//! - [`reuse`]: the last discovery reused while a fingerprint of what could
+//!   change it reads the same.
 //!
 //! Errors never abort a scan: a broken function is reported next to the
 //! functions that could be read.
@@ -24,6 +26,7 @@ pub mod ids;
 pub mod instance;
 pub mod pci;
 pub mod proximity;
+pub mod reuse;
 pub mod sysfs;
 
 pub use devicegroup::{

@@ -14,6 +14,9 @@ pub(crate) mod apiserver;
 pub(crate) mod claim_status;
 pub(crate) mod cli;
 pub(crate) mod client;
+#[cfg(test)]
+mod metric_names;
+pub(crate) mod node_driver;
 pub(crate) mod ops;
 pub(crate) mod ready;
 pub(crate) mod request_deadline;

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::{mpsc, watch};
 
+use crate::daemon::node_driver::NodeDriver;
 use crate::kubelet::health::{DeviceHealthStatus, HealthState};
 use crate::publish::PoolContent;
 use crate::scan::inventory::{DeviceInventory, ScannedDevice, Severity};
@@ -224,6 +225,13 @@ pub(crate) fn scan_with_taints<I: DeviceInventory>(
     })
 }
 
+impl<I: NodeDriver> Rescanner<I> {
+    /// The inventory's driver.
+    pub(crate) fn driver(&self) -> I::Driver {
+        self.lock().driver()
+    }
+}
+
 impl<I: DeviceInventory> Rescanner<I> {
     /// `id` names the pool; the feeds start empty and the first
     /// [`Self::rescan`] fills them.
@@ -253,11 +261,6 @@ impl<I: DeviceInventory> Rescanner<I> {
             node_labels: node_labels_rx,
         };
         (rescanner, feeds)
-    }
-
-    /// The inventory's driver.
-    pub(crate) fn driver(&self) -> I::Driver {
-        self.lock().driver()
     }
 
     /// Hands the inventory what only the API server knows (the Node's

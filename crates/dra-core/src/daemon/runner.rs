@@ -30,6 +30,7 @@ use crate::daemon::cli::{
     DiscoverCommand, DriverCli, DriverCommand, LoggingError, RenderError, RunCommand, init_logging,
     render_list,
 };
+use crate::daemon::node_driver::NodeDriver;
 use crate::daemon::rescan::{
     PoolId, RescanError, RescanMetrics, Rescanner, Trigger, forward_kernel_uevents,
     scan_with_taints,
@@ -93,7 +94,7 @@ pub(crate) enum RunnerError<E: std::error::Error + 'static> {
 
 /// Parses the command line (exiting with usage on a bad one) and runs the
 /// subcommand; errors are printed to stderr with their causes.
-pub fn main<I: DeviceInventory>(program: &Program) -> ExitCode {
+pub fn main<I: NodeDriver>(program: &Program) -> ExitCode {
     let cli =
         DriverCli::<I::Flags>::parse_for(program.binary, program.version, program.driver_name);
     match execute::<I>(program, cli) {
@@ -112,7 +113,7 @@ pub fn main<I: DeviceInventory>(program: &Program) -> ExitCode {
 }
 
 /// Runs one parsed command line.
-pub(crate) fn execute<I: DeviceInventory>(
+pub(crate) fn execute<I: NodeDriver>(
     program: &Program,
     cli: DriverCli<I::Flags>,
 ) -> Result<(), RunnerError<I::Error>> {
@@ -172,7 +173,7 @@ fn discover<I: DeviceInventory>(
     Ok(())
 }
 
-async fn serve<I: DeviceInventory>(
+async fn serve<I: NodeDriver>(
     program: &Program,
     cmd: RunCommand<I::Flags>,
 ) -> Result<(), RunnerError<I::Error>> {
@@ -189,7 +190,7 @@ async fn serve<I: DeviceInventory>(
 /// the Node; the Node's labels and the API probe reach the scan once the
 /// API server answers, followed by a rescan, before anything is prepared
 /// or published.
-pub(crate) async fn serve_until<I: DeviceInventory>(
+pub(crate) async fn serve_until<I: NodeDriver>(
     program: &Program,
     cmd: RunCommand<I::Flags>,
     shutdown: CancellationToken,
@@ -236,12 +237,7 @@ pub(crate) async fn serve_until<I: DeviceInventory>(
         Box::pin(async move {
             let labels = node.metadata.labels.clone().unwrap_or_default();
             let support = if wants_probe {
-                crate::publish::api_probe::probe(
-                    &client,
-                    &driver_name,
-                    &node_name,
-                )
-                .await
+                crate::publish::api_probe::probe(&client, &driver_name, &node_name).await
             } else {
                 ApiSupport::unknown()
             };
@@ -260,7 +256,7 @@ pub(crate) async fn serve_until<I: DeviceInventory>(
 /// whole driver for tests (`testing` feature). Errors come as text.
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
-pub async fn run_in_process<I: DeviceInventory>(
+pub async fn run_in_process<I: NodeDriver>(
     program: &Program,
     args: Vec<String>,
     shutdown: CancellationToken,

@@ -17,13 +17,7 @@ use tonic::{Request, Response, Status};
 
 use crate::kubelet::proto::{health_v1 as v1, health_v1alpha1 as v1alpha1};
 
-/// Health of one device as the driver sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HealthState {
-    Unknown,
-    Healthy,
-    Unhealthy,
-}
+pub(crate) use crate::scan::inventory::HealthState;
 
 /// One device's health report.
 #[derive(Debug, Clone, PartialEq, Eq)]

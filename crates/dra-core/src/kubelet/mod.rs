@@ -6,8 +6,8 @@
 //! protocol code ([`proto`]), the device health stream ([`health`]) and the
 //! liveness self-check over those same sockets ([`self_check`]).
 //!
-//! It serves calls by handing them to `prepare`; it may not reach into
-//! `publish` or `daemon`.
+//! It serves calls by handing them to `prepare`: it imports from `prepare`
+//! and `scan` only, never from `publish` or `daemon`.
 
 pub(crate) mod authority;
 pub(crate) mod connection;

@@ -1,12 +1,15 @@
-//! What a driver says about its hardware: the [`DeviceInventory`] trait, the
-//! other half of a driver next to [`Driver`].
+//! What a driver says about its hardware: the [`DeviceInventory`] trait.
+//! It knows nothing of preparing devices (the `Driver` trait of `prepare`),
+//! publishing or kubelet: `run` pairs an inventory with its driver through
+//! `NodeDriver`, and a program may use the inventory with the publisher
+//! alone.
 //!
 //! A driver implements one scan: hardware in, devices (name, attributes,
 //! capacity) with each device's health out. Everything around it is
 //! `dra-core`'s: when to scan (uevents of the subsystems the inventory
-//! names, a periodic rescan, see [`crate::daemon::rescan`]), on which thread (a
+//! names, a periodic rescan, see `daemon::rescan`), on which thread (a
 //! blocking one: sysfs reads and ioctls block), publishing what changed, the
-//! kubelet's health stream, metrics, and the command line ([`crate::daemon::runner`]).
+//! kubelet's health stream, metrics, and the command line (`daemon::runner`).
 //!
 //! Health is modelled as a list of conditions per device, each on one
 //! dimension (what is wrong, e.g. `sram-ecc-uncorrected`), with a severity
@@ -21,8 +24,14 @@ use std::path::PathBuf;
 use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::Registry;
 
-use crate::kubelet::health::HealthState;
-use crate::prepare::driver::Driver;
+/// Health of one device as the driver sees it: the summary of its
+/// conditions that kubelet's health stream and the claim status carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthState {
+    Unknown,
+    Healthy,
+    Unhealthy,
+}
 
 /// How bad a condition is. The order is the order of escalation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -141,16 +150,13 @@ impl ApiSupport {
     }
 }
 
-/// A driver's hardware: how to scan it, what makes it change, and the
-/// [`Driver`] that prepares its devices.
+/// A driver's hardware: how to scan it and what makes it change.
 pub trait DeviceInventory: Sized + Send + 'static {
     /// Flags of `run` and `discover` that only this driver has
-    /// ([`crate::daemon::cli::NoExtraArgs`] for none).
+    /// (`NoExtraArgs` for none).
     type Flags: clap::Args + Clone + fmt::Debug + Send + Sync + 'static;
     /// Why a scan (or opening the inventory) failed as a whole.
     type Error: std::error::Error + Send + Sync + 'static;
-    /// The driver that prepares this inventory's devices.
-    type Driver: Driver;
 
     /// Kernel uevent subsystems whose events can change the device set or
     /// its health (e.g. `pci`); each one triggers a rescan.
@@ -168,18 +174,16 @@ pub trait DeviceInventory: Sized + Send + 'static {
     /// published last stay published.
     fn scan(&mut self) -> Result<Vec<ScannedDevice>, Self::Error>;
 
-    /// The driver, sharing whatever state the scan keeps current. Called
-    /// once, after the first successful scan.
-    fn driver(&self) -> Self::Driver;
-
     /// Whether `run` should ask the API server what it supports
     /// ([`ApiSupport`]) before the first scan. Default: no.
     fn wants_api_probe(_flags: &Self::Flags) -> bool {
         false
     }
 
-    /// What the API server supports; called once, before the first scan
-    /// (with [`ApiSupport::unknown`] when nothing was probed).
+    /// What the API server supports; called once, when the API server has
+    /// first answered (the Node read), and followed by a rescan. Until then
+    /// scans run with what [`DeviceInventory::open`] assumed (`discover`,
+    /// which has no API server, calls it with [`ApiSupport::unknown`]).
     fn set_api_support(&mut self, _support: &ApiSupport) {}
 
     /// The counter sets the devices of the last scan consume (partitionable
@@ -194,8 +198,9 @@ pub trait DeviceInventory: Sized + Send + 'static {
     /// and removes the others. Default: none (the Node is never written).
     const NODE_LABELS: &'static [&'static str] = &[];
 
-    /// The labels of the driver's Node as read at start-up, before the
-    /// first scan (`run` only: `discover` has no Node and never calls it).
+    /// The labels of the driver's Node, once the API server has first
+    /// answered, followed by a rescan (`run` only: `discover` has no Node
+    /// and never calls it).
     fn set_node_labels(&mut self, _labels: &BTreeMap<String, String>) {}
 
     /// The values of [`Self::NODE_LABELS`] the last scan calls for; a

@@ -5,13 +5,14 @@
 //! attributes ([`attributes`]), health as device taints ([`taints`]) and the
 //! kernel's hot-plug events ([`uevent`]).
 //!
-//! The first step of the data flow: nothing here talks to the API server or
-//! to kubelet, and nothing here may import from `publish`, `kubelet` or
-//! `daemon` (the structure test forbids import circles between top-level
-//! modules). The loop that runs scans lives in `daemon::rescan`.
+//! The first step of the data flow and the bottom layer: nothing here talks
+//! to the API server or to kubelet, and it imports from no other top-level
+//! module (not even `prepare`: the inventory does not know the driver that
+//! prepares its devices; `daemon::node_driver` pairs them). The structure
+//! test enforces each layer's rule. The loop that runs scans lives in
+//! `daemon::rescan`.
 
 pub mod attributes;
 pub(crate) mod inventory;
-pub(crate) mod reuse;
 pub(crate) mod taints;
 pub(crate) mod uevent;

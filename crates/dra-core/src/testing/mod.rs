@@ -11,10 +11,10 @@
 //! `cfg_attr(not(feature = "testing"), allow(unreachable_pub))`: without this
 //! feature it is reachable from nowhere outside the crate.
 
-pub use crate::daemon::runner::run_in_process;
 pub use crate::daemon::rescan::{
     DeviceFeeds, PoolId, RescanConfig, RescanError, RescanMetrics, Rescanner, Trigger,
 };
+pub use crate::daemon::runner::run_in_process;
 pub use crate::kubelet::authority::{
     AdapterError, Frame, InboundStream, MAX_IN_FRAME, PREFACE, Rewrite, parse_frame, read_frame,
 };

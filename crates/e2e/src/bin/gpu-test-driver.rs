@@ -141,7 +141,6 @@ struct GpuInventory {
 impl DeviceInventory for GpuInventory {
     type Flags = NoExtraArgs;
     type Error = ScanError;
-    type Driver = GpuTestDriver;
     const UEVENT_SUBSYSTEMS: &'static [&'static str] = &["pci"];
 
     fn open(
@@ -166,6 +165,10 @@ impl DeviceInventory for GpuInventory {
             gpus.into_iter().map(|g| (g.name(), g)).collect();
         Ok(devices)
     }
+}
+
+impl dra_core::NodeDriver for GpuInventory {
+    type Driver = GpuTestDriver;
 
     fn driver(&self) -> GpuTestDriver {
         GpuTestDriver {
@@ -231,6 +234,7 @@ fn main() -> std::process::ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dra_core::NodeDriver;
 
     /// dra-core's driver conformance suite, on the stand-in for NVIDIA's
     /// driver: the third driver on the SDK behaves as the two shipped ones.

@@ -73,7 +73,6 @@ impl crate::DriverConfig for NoConfig {
 impl DeviceInventory for Hardware {
     type Flags = crate::daemon::cli::NoExtraArgs;
     type Error = ScanFailed;
-    type Driver = NullDriver;
     const UEVENT_SUBSYSTEMS: &'static [&'static str] = &["pci"];
     fn open(_: &HostPaths, _: &Self::Flags, _: &Registry) -> Result<Self, ScanFailed> {
         Ok(Hardware::default())
@@ -82,6 +81,11 @@ impl DeviceInventory for Hardware {
         self.scans.fetch_add(1, Ordering::SeqCst);
         self.state.lock().unwrap().clone().map_err(ScanFailed)
     }
+}
+
+impl crate::daemon::node_driver::NodeDriver for Hardware {
+    type Driver = NullDriver;
+
     fn driver(&self) -> NullDriver {
         NullDriver
     }
