@@ -121,12 +121,21 @@ impl CheckpointStore {
         }
     }
 
-    /// Whether `path` lies in the CDI root (lexically: under it, no `..`).
-    fn is_ours(&self, path: &Path) -> bool {
-        path.starts_with(&self.cdi_root)
+    /// Whether `path` is the spec of claim `uid` as the CDI writer names it:
+    /// a file directly in the CDI root (lexically, no `..`) whose name ends
+    /// in `_<uid>.json` (`<vendor>-<class>_<uid>.json`). Another claim's
+    /// spec, a file of another program in the root, or anything elsewhere
+    /// is not.
+    fn is_ours(&self, uid: &str, path: &Path) -> bool {
+        !uid.is_empty()
+            && path.parent() == Some(self.cdi_root.as_path())
             && !path
                 .components()
                 .any(|c| c == std::path::Component::ParentDir)
+            && path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(&format!("_{uid}.json")))
     }
 
     #[cfg(any(test, feature = "testing", feature = "fuzzing"))]
@@ -263,15 +272,16 @@ impl CheckpointStore {
                 claims = checkpoint.claims.len(),
                 "node rebooted since the checkpoint was written; forgetting prepared claims"
             );
-            for claim in checkpoint.claims.values() {
+            for (uid, claim) in &checkpoint.claims {
                 // A checkpoint is a file on the node: never let one that was
                 // tampered with (or written for another CDI root) make the
-                // driver delete files elsewhere.
-                if !self.is_ours(&claim.cdi_spec_path) {
+                // driver delete files that are not the claim's own spec.
+                if !self.is_ours(uid, &claim.cdi_spec_path) {
                     tracing::warn!(
+                        claim_uid = %uid,
                         path = %claim.cdi_spec_path.display(),
                         cdi_root = %self.cdi_root.display(),
-                        "stale checkpoint names a CDI spec outside the CDI root; not removing it"
+                        "stale checkpoint names a file that is not this claim's CDI spec in the CDI root; not removing it"
                     );
                     continue;
                 }
@@ -409,26 +419,40 @@ mod tests {
     }
 
     #[test]
-    fn boot_id_change_removes_only_specs_under_the_cdi_root() {
+    fn boot_id_change_removes_only_the_claims_own_specs() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
         let (s, _) = store(dir.path(), "boot-a");
+        std::fs::create_dir_all(dir.path().join("cdi/sub")).unwrap();
+        // Outside the root, escaping it, another claim's spec in the root,
+        // another program's file in the root, and a spec of the right name
+        // one level down: each recorded as the spec of claim uid-<i>.
         let victims = [
-            dir.path().join("elsewhere.json"),
-            dir.path().join("cdi/../escaped.json"),
+            dir.path().join("elsewhere_uid-0.json"),
+            dir.path().join("cdi/../escaped_uid-1.json"),
+            dir.path().join("cdi/k8s.x-y_someone-else.json"),
+            dir.path().join("cdi/nvidia.yaml"),
+            dir.path().join("cdi/sub/k8s.x-y_uid-4.json"),
         ];
+        let on_disk = |v: &Path| -> PathBuf {
+            let parent = v.parent().unwrap();
+            if parent.ends_with("..") {
+                dir.path().join(v.file_name().unwrap())
+            } else {
+                v.to_path_buf()
+            }
+        };
         let mut c = s.load().unwrap();
         for (i, v) in victims.iter().enumerate() {
-            std::fs::write(dir.path().join(v.file_name().unwrap()), "keep").unwrap();
+            std::fs::write(on_disk(v), "keep").unwrap();
             c.claims.insert(format!("uid-{i}"), sample(v.clone()));
         }
         s.save(&c).unwrap();
         let (s2, _) = store(dir.path(), "boot-b");
         assert!(s2.load().unwrap().claims.is_empty());
         for v in &victims {
-            let on_disk = dir.path().join(v.file_name().unwrap());
             assert_eq!(
-                std::fs::read_to_string(&on_disk).unwrap(),
+                std::fs::read_to_string(on_disk(v)).unwrap(),
                 "keep",
                 "{}",
                 v.display()
@@ -441,7 +465,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
         let (s, _) = store(dir.path(), "boot-a");
-        let spec = dir.path().join("cdi/spec.json");
+        let spec = dir.path().join("cdi/k8s.x-y_uid.json");
         std::fs::write(&spec, "{}").unwrap();
         let mut c = s.load().unwrap();
         c.claims.insert("uid".into(), sample(spec.clone()));
