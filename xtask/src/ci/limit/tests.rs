@@ -153,12 +153,16 @@ fn a_real_process_tree_is_stopped_whole() {
         .spawn()
         .unwrap();
     // The grandchild is there once the table shows it.
-    let sleeper = loop {
-        if let Some(pid) = descendants(child.id(), &process_table()).first() {
-            break *pid;
-        }
-        std::thread::yield_now();
-    };
+    // Looked for a bounded number of times (a count, not a clock).
+    let sleeper = (0..2000)
+        .find_map(|_| {
+            let found = descendants(child.id(), &process_table()).first().copied();
+            if found.is_none() {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            found
+        })
+        .expect("the shell never started its child");
     let mut p = StepProcess(&mut child);
     p.terminate();
     let status = child.wait().unwrap();
