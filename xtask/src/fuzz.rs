@@ -27,6 +27,10 @@ const TARGETS: &[&str] = &[
     "topology",
     "opaque_config",
     "checkpoint",
+    "neuron_sysfs",
+    "claim_resolution",
+    "relay_connection",
+    "efa_counters",
 ];
 
 /// What turns on libFuzzer's coverage feedback on stable rustc.
