@@ -40,42 +40,23 @@ use serde_json::json;
 
 use super::idle::CostSample;
 use super::probe_storm::{Storm, get_status};
-pub use super::probes_report::{Condition, ConditionFigures, ProbesReport, Window};
+pub use super::probes_report::{
+    Condition, ConditionFigures, NOTHING_PATH, PROBE_PATHS, ProbesOptions, ProbesReport, Window,
+};
 use super::rounds::{self, NAMESPACE, kube_err};
 use e2e::local::LocalTestbed;
 use e2e::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
 use local_cluster::error::{Error, Result};
-use local_cluster::versions::KubernetesVersion;
 
 /// The node the driver runs on.
 const NODE: &str = "p5";
 const INSTANCE_TYPE: &str = "p5.48xlarge";
-/// A path of the ops server that answers without doing anything.
-pub const NOTHING_PATH: &str = "/nothing";
-/// The probe paths the storm of condition `probes` takes in turn.
-pub const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
 /// How long a storm runs before the first burst of its window, so that
 /// the bursts meet a steady storm (and the probes' shared result).
 const STORM_SETTLE: Duration = Duration::from_secs(1);
 /// The pause after each burst's unprepare: the claim status writes the
 /// driver makes after each call land before the next burst.
 const BETWEEN_BURSTS: Duration = Duration::from_millis(250);
-
-/// What to run.
-#[derive(Debug, Clone)]
-pub struct ProbesOptions {
-    /// Rounds; each runs every condition once.
-    pub rounds: usize,
-    /// Bursts per condition per round.
-    pub bursts: usize,
-    /// Claims per burst, one call each.
-    pub claims: usize,
-    /// Storm requests per second.
-    pub rate: f64,
-    pub kubernetes_version: KubernetesVersion,
-    /// Where the release `efa-driver` is.
-    pub bin_dir: std::path::PathBuf,
-}
 
 /// Runs the bench on a fresh local cluster (root and the cluster's built
 /// components, like the end-to-end suite).

@@ -9,7 +9,28 @@ use serde::Serialize;
 
 use super::measure::{Stats, unix_now};
 use super::probe_storm::StormFigures;
-use super::probes::{NOTHING_PATH, PROBE_PATHS, ProbesOptions};
+use local_cluster::versions::KubernetesVersion;
+
+/// A path of the ops server that answers without doing anything.
+pub const NOTHING_PATH: &str = "/nothing";
+/// The probe paths the storm of condition `probes` takes in turn.
+pub const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ProbesOptions {
+    /// Rounds; each runs every condition once.
+    pub rounds: usize,
+    /// Bursts per condition per round.
+    pub bursts: usize,
+    /// Claims per burst, one call each.
+    pub claims: usize,
+    /// Storm requests per second.
+    pub rate: f64,
+    pub kubernetes_version: KubernetesVersion,
+    /// Where the release `efa-driver` is.
+    pub bin_dir: std::path::PathBuf,
+}
 
 /// The most `probes / nothing` may be, on the p50 of prepare calls.
 pub const TARGET: f64 = 1.1;
