@@ -8,8 +8,9 @@ use local_cluster::toolchain::PROBE_IMAGE;
 
 /// Makes an example pod runnable on the local cluster: the probe image
 /// (never pulled) instead of the example's, which prints what the container
-/// got; host network and a toleration for the NotReady taints (no CNI); a
-/// short grace period (the probe exits on SIGTERM).
+/// got; host network (the probe needs no pod network) and a toleration for
+/// every taint (a node is tainted until its kubelet reports Ready); a short
+/// grace period (the probe exits on SIGTERM).
 pub fn adapt_pod_for_local(pod: &mut Value) {
     use_probe_image(pod);
     if let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) {

@@ -199,7 +199,6 @@ fn request_timeout_gives_up_and_names_the_flag() {
          contexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\nusers:\n- name: u\n  user: {{token: x}}\n"
     )
     .expect("write kubeconfig");
-    let started = std::time::Instant::now();
     let (code, _, err) = run(&[
         "--kubeconfig".to_string(),
         kubeconfig.display().to_string(),
@@ -207,12 +206,12 @@ fn request_timeout_gives_up_and_names_the_flag() {
         "1s".to_string(),
         "devices".to_string(),
     ]);
-    let took = started.elapsed();
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("listing ResourceSlices"), "{err}");
+    // The message of the timeout, not of a refused or reset connection: the
+    // request was cut by --request-timeout (no wall-clock bound asserted).
     assert!(err.contains("raise --request-timeout"), "{err}");
-    assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
 
     let (code, _, err) = run(&args(&["--request-timeout", "2x", "devices"]));
     assert_eq!(code, 2);

@@ -186,7 +186,8 @@ impl ChartHost for LocalChartHost {
                 rescan_interval_env(),
             ],
             neuron_partitions: self.neuron_partitions.clone(),
-            // Nodes without CNI stay NotReady (tainted).
+            // A node is tainted until its kubelet reports Ready; the drivers
+            // must start before that.
             tolerations: Some(json!([{"operator": "Exists"}])),
             per_node_releases: true,
             unique_metrics_ports: true,
