@@ -370,14 +370,17 @@ impl<I: DeviceInventory> Rescanner<I> {
 
     /// Rescans on every trigger and every `config.interval` until every
     /// receiver of the device feed is gone. The caller has already scanned
-    /// once ([`Trigger::Start`]).
+    /// once ([`Trigger::Start`]). For tests: the daemon serves a shared
+    /// rescanner ([`Self::serve_triggers`]).
+    #[cfg(any(test, feature = "testing"))]
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
     pub async fn run(self, triggers: mpsc::Receiver<Trigger>, config: RescanConfig) {
         self.serve_triggers(triggers, config).await
     }
 
-    /// [`Self::run`] on a shared rescanner: the daemon rescans once more
-    /// itself when the API server has answered.
+    /// Rescans on every trigger and every `config.interval`, on a shared
+    /// rescanner: the daemon rescans once more itself when the API server
+    /// has answered.
     pub(crate) async fn serve_triggers(
         &self,
         mut triggers: mpsc::Receiver<Trigger>,
