@@ -3,13 +3,16 @@
 //! its pod runs, each driver has written one `status.devices` entry per
 //! device it prepared, `Ready=True` with the data the drivers document
 //! (`docs/attributes.md`, "Claim device status"), as its own field manager;
-//! once the pod is gone the entries are gone while the claim stays.
+//! the EFA driver's credentials cannot rewrite the Neuron driver's entry
+//! (the chart's RBAC and admission policy); once the pod is gone the entries
+//! are gone while the claim stays.
 
 use std::time::Duration;
 
-use anyhow::{Result, anyhow, ensure};
+use anyhow::{Result, anyhow, bail, ensure};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::allocate::{GONE, RUNNING};
@@ -112,6 +115,8 @@ pub async fn claim_device_status(tb: &impl Testbed, ns: &str) -> Result<()> {
         );
     }
 
+    forged_entry_refused(tb, ns, &allocated).await?;
+
     kit::delete_pods(tb, ns, &[POD], GONE).await?;
     kit::wait_for(tb, "the entries cleared", STATUS_WAIT, || async {
         let c = api
@@ -122,6 +127,64 @@ pub async fn claim_device_status(tb: &impl Testbed, ns: &str) -> Result<()> {
     })
     .await?;
     api.delete(CLAIM, &Default::default()).await?;
+    Ok(())
+}
+
+/// The chart's RBAC and admission policy against the real API server: the
+/// EFA driver's own credentials on the node may not rewrite the Neuron
+/// driver's entry of the same claim (before 1.36 the policy refuses it,
+/// since then the API server's per-driver check against the chart's RBAC
+/// does first); the entry stays as its driver wrote it.
+async fn forged_entry_refused(
+    tb: &impl Testbed,
+    ns: &str,
+    allocated: &[kit::Allocated],
+) -> Result<()> {
+    let neuron = DriverKind::Neuron.driver_name();
+    let chip = allocated
+        .iter()
+        .find(|a| a.driver == neuron)
+        .ok_or_else(|| anyhow!("no Neuron device in {allocated:?}"))?;
+    let as_efa =
+        crate::client_from_kubeconfig(&tb.driver_kubeconfig(NODE, DriverKind::Efa)?).await?;
+    let forged = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": CLAIM, "namespace": ns},
+        "status": {"devices": [{
+            "driver": neuron, "pool": chip.pool, "device": chip.device,
+            "conditions": [{"type": "Ready", "status": "False", "reason": "Forged",
+                "message": "written with the EFA driver's credentials",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        }]},
+    });
+    let params = PatchParams::apply("e2e-forged").force();
+    let answer = Api::<ResourceClaim>::namespaced(as_efa, ns)
+        .patch_status(CLAIM, &params, &Patch::Apply(&forged))
+        .await;
+    match answer {
+        // Refused by the chart's admission policy (its message), or since
+        // 1.36 first by the API server's per-driver check against the
+        // chart's RBAC (a forbidden field: no resourceclaims/driver grant
+        // for the Neuron driver's name).
+        Err(kube::Error::Api(status))
+            if matches!(status.code, 403 | 422)
+                && (status
+                    .message
+                    .contains("may only write the status.devices entries")
+                    || status.message.contains("resourceclaims/driver")) => {}
+        other => bail!("the EFA driver wrote the Neuron driver's entry: {other:?}"),
+    }
+    let c = Api::<ResourceClaim>::namespaced(tb.client(), ns)
+        .get(CLAIM)
+        .await?;
+    let entries = entries(&c)?;
+    let kept = entries
+        .iter()
+        .find(|e| str_of(e, "driver") == neuron && str_of(e, "device") == chip.device);
+    ensure!(
+        kept.is_some_and(|e| condition(e) == ("True", "Prepared")),
+        "the Neuron entry changed: {entries:?}"
+    );
     Ok(())
 }
 
