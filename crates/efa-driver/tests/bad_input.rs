@@ -183,9 +183,16 @@ async fn device_vanished_between_allocation_and_prepare() {
         )
     );
     // The EFA allocated beside the vanished one was not half-prepared.
-    node.claims
-        .insert(node.claim("4e000000-0000-4000-8000-0000000000e7", &[(DRIVER_NAME, POOL, &kept)], vec![]));
-    assert!(node.prepare("4e000000-0000-4000-8000-0000000000e7").await.is_ok());
+    node.claims.insert(node.claim(
+        "4e000000-0000-4000-8000-0000000000e7",
+        &[(DRIVER_NAME, POOL, &kept)],
+        vec![],
+    ));
+    assert!(
+        node.prepare("4e000000-0000-4000-8000-0000000000e7")
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test]
