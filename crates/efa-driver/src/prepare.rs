@@ -160,7 +160,7 @@ impl Driver for EfaDriver {
     }
 
     /// RDMA device, verbs node, placement, port state; the interface when
-    /// there is one (see [`status`]).
+    /// there is one (see the `status` module).
     fn device_status(
         &self,
         _claim: &ClaimRef,

@@ -320,7 +320,7 @@ impl Driver for NeuronDriver {
         result.map_err(DriverError::new)
     }
 
-    /// Chip, cores, LNC and visible cores of each device (see [`status`]).
+    /// Chip, cores, LNC and visible cores of each device (see the `status` module).
     fn device_status(
         &self,
         _claim: &ClaimRef,

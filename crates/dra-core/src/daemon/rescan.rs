@@ -371,7 +371,7 @@ impl<I: DeviceInventory> Rescanner<I> {
     /// Rescans on every trigger and every `config.interval` until every
     /// receiver of the device feed is gone. The caller has already scanned
     /// once ([`Trigger::Start`]). For tests: the daemon serves a shared
-    /// rescanner ([`Self::serve_triggers`]).
+    /// rescanner (`serve_triggers`).
     #[cfg(any(test, feature = "testing"))]
     #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
     pub async fn run(self, triggers: mpsc::Receiver<Trigger>, config: RescanConfig) {

@@ -66,7 +66,7 @@ pub struct ConnectionLimits {
     /// Longest a call may take before it is answered `DEADLINE_EXCEEDED`
     /// (kubelet gives up on its calls after 45 s). A prepare may wait for a
     /// device's release, so the DRA socket's calls get at least the
-    /// plugin's `device_release_wait` plus [`DEADLINE_MARGIN`].
+    /// plugin's `device_release_wait` plus `DEADLINE_MARGIN`.
     pub call_deadline: Duration,
 }
 

@@ -5,9 +5,9 @@
 //! answer (`Connection: close`), as kubelet's HTTP prober does, so the
 //! storm pays the server's accept and connection set-up per request. The
 //! paths are taken in turn. Pacing is by deadline, not by interval: every
-//! [`TICK`] the pacer sends as many requests as the rate owes since the
+//! `TICK` the pacer sends as many requests as the rate owes since the
 //! start, so the mean rate holds even when a tick is late on a busy
-//! machine. At most [`MAX_IN_FLIGHT`] requests are open at once; a
+//! machine. At most `MAX_IN_FLIGHT` requests are open at once; a
 //! request the cap refuses is counted as skipped rather than queued, so
 //! a slow server sees the storm it can take and the figures say so.
 
@@ -46,7 +46,7 @@ pub struct StormFigures {
     /// Requests that failed: no connection, no answer within the timeout,
     /// or no status line.
     pub failed: u64,
-    /// Requests never sent because [`MAX_IN_FLIGHT`] were open.
+    /// Requests never sent because `MAX_IN_FLIGHT` were open.
     pub skipped: u64,
 }
 
