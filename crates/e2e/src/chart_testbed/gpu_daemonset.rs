@@ -27,12 +27,21 @@ pub fn gpu_test_daemonset(
         paths.kubelet_root,
         DriverKind::GpuTest.driver_name()
     );
+    // The device attributes files go beside the CDI root, as the drivers'
+    // default and the charts' have it; the container's root is read-only.
+    let attributes_root = std::path::Path::new(&paths.cdi_root)
+        .parent()
+        .unwrap_or(std::path::Path::new("/"))
+        .join("dra-device-attributes")
+        .display()
+        .to_string();
     let mut env = vec![
         json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}),
         json!({"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}),
         json!({"name": "KUBELET_REGISTRAR_DIRECTORY_PATH", "value": registrar}),
         json!({"name": "KUBELET_PLUGINS_DIRECTORY_PATH", "value": format!("{}/plugins", paths.kubelet_root)}),
         json!({"name": "CDI_ROOT", "value": paths.cdi_root}),
+        json!({"name": "DEVICE_ATTRIBUTES_ROOT", "value": attributes_root}),
         json!({"name": "METRICS_ADDRESS", "value": format!("0.0.0.0:{metrics_port}")}),
         json!({"name": "LOG_LEVEL", "value": "info,dra_core=debug"}),
     ];
@@ -61,6 +70,7 @@ pub fn gpu_test_daemonset(
                 {"name": "registry", "mountPath": registrar},
                 {"name": "plugin", "mountPath": plugin_dir},
                 {"name": "cdi", "mountPath": paths.cdi_root},
+                {"name": "attributes", "mountPath": attributes_root},
                 {"name": "sys", "mountPath": paths.sysfs_root, "readOnly": true},
                 {"name": "dev", "mountPath": paths.dev_root, "readOnly": true},
             ],
@@ -69,6 +79,7 @@ pub fn gpu_test_daemonset(
             {"name": "registry", "hostPath": {"path": registrar, "type": "DirectoryOrCreate"}},
             {"name": "plugin", "hostPath": {"path": plugin_dir, "type": "DirectoryOrCreate"}},
             {"name": "cdi", "hostPath": {"path": paths.cdi_root, "type": "DirectoryOrCreate"}},
+            {"name": "attributes", "hostPath": {"path": attributes_root, "type": "DirectoryOrCreate"}},
             {"name": "sys", "hostPath": {"path": paths.sysfs_root, "type": "Directory"}},
             {"name": "dev", "hostPath": {"path": paths.dev_root, "type": "Directory"}},
         ],
