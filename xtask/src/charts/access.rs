@@ -205,11 +205,7 @@ pub fn check_vap(spec: &ChartSpec, expect: &Expect, r: &Rendering) -> Result<()>
         "variables.userNodeName == variables.sliceNodeName",
         &format!("variables.slice.spec.driver == \"{}\"", spec.driver),
     ] {
-        ensure!(
-            cel.iter().any(|e| e.contains(needle)),
-            "{}: no CEL expression of the policy contains `{needle}`",
-            id(policy)
-        );
+        ensure_cel_contains(policy, &cel, needle)?;
     }
     check_binding(r, policy)
 }
@@ -297,30 +293,14 @@ fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
         "system:serviceaccount:{NAMESPACE}:{}",
         expect.service_account
     );
-    let cel: Vec<&str> = p
-        .match_conditions
-        .iter()
-        .flatten()
-        .map(|c| c.expression.as_str())
-        .chain(p.variables.iter().flatten().map(|v| v.expression.as_str()))
-        .chain(
-            p.validations
-                .iter()
-                .flatten()
-                .map(|v| v.expression.as_str()),
-        )
-        .collect();
+    let cel = conditions_variables_validations(p);
     for needle in [
         format!("request.userInfo.username == \"{user}\""),
         "variables.userNodeName == object.metadata.name".to_owned(),
         "k.startsWith('neuron.amazonaws.com/ultraserver-')".to_owned(),
         "object.spec == oldObject.spec".to_owned(),
     ] {
-        ensure!(
-            cel.iter().any(|e| e.contains(&needle)),
-            "{}: no CEL expression of the policy contains `{needle}`",
-            id(policy)
-        );
+        ensure_cel_contains(policy, &cel, &needle)?;
     }
     check_binding(r, policy)
 }
@@ -341,19 +321,7 @@ fn check_claim_status_policy(spec: &ChartSpec, expect: &Expect, r: &Rendering) -
         "system:serviceaccount:{NAMESPACE}:{}",
         expect.service_account
     );
-    let cel: Vec<&str> = p
-        .match_conditions
-        .iter()
-        .flatten()
-        .map(|c| c.expression.as_str())
-        .chain(p.variables.iter().flatten().map(|v| v.expression.as_str()))
-        .chain(
-            p.validations
-                .iter()
-                .flatten()
-                .map(|v| v.expression.as_str()),
-        )
-        .collect();
+    let cel = conditions_variables_validations(p);
     for needle in [
         format!("request.userInfo.username == \"{user}\""),
         "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0]".to_owned(),
@@ -366,11 +334,39 @@ fn check_claim_status_policy(spec: &ChartSpec, expect: &Expect, r: &Rendering) -
         "object.status.?reservedFor.orValue([]) == oldObject.status.?reservedFor.orValue([])"
             .to_owned(),
     ] {
-        ensure!(
-            cel.iter().any(|e| e.contains(&needle)),
-            "{}: no CEL expression of the policy contains `{needle}`",
-            id(policy)
-        );
+        ensure_cel_contains(policy, &cel, &needle)?;
     }
     check_binding(r, policy)
+}
+
+/// The CEL of a policy's match conditions, variables and validations.
+fn conditions_variables_validations(
+    p: &k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
+) -> Vec<&str> {
+    p.match_conditions
+        .iter()
+        .flatten()
+        .map(|c| c.expression.as_str())
+        .chain(p.variables.iter().flatten().map(|v| v.expression.as_str()))
+        .chain(
+            p.validations
+                .iter()
+                .flatten()
+                .map(|v| v.expression.as_str()),
+        )
+        .collect()
+}
+
+/// Fails unless one expression of `cel` (of `policy`) contains `needle`.
+fn ensure_cel_contains(
+    policy: &ValidatingAdmissionPolicy,
+    cel: &[&str],
+    needle: &str,
+) -> Result<()> {
+    ensure!(
+        cel.iter().any(|e| e.contains(needle)),
+        "{}: no CEL expression of the policy contains `{needle}`",
+        id(policy)
+    );
+    Ok(())
 }
