@@ -166,6 +166,23 @@ fn checks() -> Vec<Step> {
                 "gpu-test-driver",
             ],
         ),
+        // kubectl-dra's command-line tests once more, against the binary a
+        // user installs (`cargo install` builds the release profile): a
+        // selector that panics the CEL interpreter must still be "cannot
+        // decide" there, which takes `panic = "unwind"` in that profile
+        // (docs/reliability.md). Cold: 119 s (fat LTO of one binary, the
+        // drivers' release dependencies already built by image-build).
+        Step {
+            program: "sh",
+            args: vec![
+                "-c".into(),
+                "cargo build --release --locked -p kubectl-dra && \
+                 KUBECTL_DRA_BIN=\"${CARGO_TARGET_DIR:-target}/release/kubectl-dra\" \
+                 cargo test --locked -p kubectl-dra --test cli"
+                    .into(),
+            ],
+            ..step("kubectl-dra-release", 900, &[])
+        },
         // checkov (pinned, from PyPI; installed into the cache on first
         // use) on the default renderings of the charts: only the failures
         // docs/install.md explains, at most 4 per chart.

@@ -1,5 +1,9 @@
 //! The binary as a user runs it, offline: `--from-file` inputs, exit codes,
 //! the devices table and the structured outputs.
+//!
+//! With `KUBECTL_DRA_BIN` set, every test runs that binary instead of the
+//! one cargo built for the test: CI's `kubectl-dra-release` step points it
+//! at the release build, the binary users install.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -20,8 +24,13 @@ fn example(path: &str) -> String {
         .to_string()
 }
 
+/// The binary under test (see the module docs).
+fn binary() -> String {
+    std::env::var("KUBECTL_DRA_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kubectl-dra").into())
+}
+
 fn run(args: &[String]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dra"))
+    let out = Command::new(binary())
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("running kubectl-dra: {e}"));
@@ -257,7 +266,7 @@ fn help_describes_every_flag() {
 fn a_closed_pipe_ends_the_output_quietly() {
     let (reader, writer) = std::io::pipe().expect("pipe");
     drop(reader);
-    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-dra"))
+    let out = Command::new(binary())
         .args(["-f", &fixture("p5-efa.yaml"), "devices"])
         .stdout(writer)
         .output()
@@ -265,4 +274,61 @@ fn a_closed_pipe_ends_the_output_quietly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
+/// A selector that panics the CEL interpreter (kube-cel 0.8 slices a string
+/// at a byte inside 'é') is one the tool cannot decide: exit status 3, the
+/// verdict names the panic, and no panic report (nor, with
+/// `RUST_BACKTRACE=1`, a backtrace) reaches stderr. Against the release
+/// binary this fails if that profile aborts on panic: the process dies of
+/// SIGABRT instead.
+#[test]
+fn a_selector_that_panics_the_interpreter_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let claim = dir.path().join("claim.yaml");
+    std::fs::write(
+        &claim,
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: odd-datetime
+  namespace: default
+spec:
+  devices:
+    requests:
+    - name: chip
+      exactly:
+        deviceClassName: neuron.aws.com
+        selectors:
+        - cel:
+            expression: 'format.datetime().validate("2024-01-01T12:34:5éZ").hasValue()'
+"#,
+    )
+    .expect("writing the claim");
+    let out = Command::new(binary())
+        .env("RUST_BACKTRACE", "1")
+        .args(["--from-file", &fixture("classes.yaml")])
+        .args(["--from-file", &fixture("trn1-neuron.yaml")])
+        .args(["-f", &claim.display().to_string()])
+        .args(["explain", "claim", "odd-datetime"])
+        .output()
+        .expect("running kubectl-dra");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{:?}\n{stdout}{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("Verdict: Cannot decide")
+            && stdout.contains("the CEL interpreter panicked: ")
+            && stdout.contains("char boundary"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
 }

@@ -58,6 +58,7 @@ fn e2e_legs_cover_both_releases_after_their_preparation() {
             "doc",
             "test",
             "e2e-unit",
+            "kubectl-dra-release",
             "chart-scan"
         ]
     );

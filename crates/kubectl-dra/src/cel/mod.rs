@@ -24,12 +24,12 @@
 //! (a construct the crates lack): the last is reported as such, never guessed.
 
 mod check;
+mod guard;
 mod macros;
 mod reads;
 pub mod release;
 
 use std::collections::{BTreeMap, HashMap};
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::resource::v1::Device;
@@ -89,7 +89,7 @@ impl Selector {
     pub fn compile(source: &str) -> Selector {
         // The ANTLR-based parser is third-party code fed user input: a panic
         // there must become "cannot evaluate", not a crash of the tool.
-        let parsed = std::panic::catch_unwind(|| {
+        let parsed = guard::guarded(|| {
             Parser::new()
                 .enable_optional_syntax(true)
                 .parse(source)
@@ -109,9 +109,9 @@ impl Selector {
                 "syntax error: {}",
                 message.trim()
             ))),
-            Err(_) => Err(Refusal::Unsupported(
-                "the CEL parser gave up on this expression".to_string(),
-            )),
+            Err(panic) => Err(Refusal::Unsupported(format!(
+                "the CEL parser panicked: {panic}"
+            ))),
         };
         Selector {
             source: source.to_string(),
@@ -201,7 +201,7 @@ impl Selector {
         }
         let mut scope = env.base.new_inner_scope();
         scope.add_variable_from_value("device", device.0.clone());
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| scope.resolve(expr)));
+        let result = guard::guarded(|| scope.resolve(expr));
         match result {
             Ok(Ok(Value::Bool(true))) => Outcome::Match,
             Ok(Ok(Value::Bool(false))) => Outcome::NoMatch,
@@ -210,7 +210,7 @@ impl Selector {
                 other.type_of()
             )),
             Ok(Err(error)) => classify(error),
-            Err(_) => Outcome::Unsupported("the CEL interpreter panicked".to_string()),
+            Err(panic) => Outcome::Unsupported(format!("the CEL interpreter panicked: {panic}")),
         }
     }
 }

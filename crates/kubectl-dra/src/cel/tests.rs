@@ -455,3 +455,30 @@ fn releases_differ_where_kubernetes_does() {
         }
     }
 }
+
+/// A selector that panics the interpreter (kube-cel 0.8 slices a string
+/// at a byte inside 'é') is "cannot evaluate", with the panic's message,
+/// for every device; the next selector evaluates as usual.
+#[test]
+fn a_panicking_selector_is_unsupported_with_the_reason() {
+    let env = Environment::new();
+    let device = DeviceValue::new("neuron.aws.com", &neuron_device());
+    for e in [
+        r#"format.datetime().validate("2024-01-01T12:34:5éZ").hasValue()"#,
+        r#"format.named("datetime").value().validate("2024-01-01T12:34:5éZ").hasValue()"#,
+    ] {
+        let selector = Selector::compile(e);
+        for _ in 0..2 {
+            match selector.evaluate(&env, &device) {
+                Outcome::Unsupported(m) => {
+                    assert!(m.starts_with("the CEL interpreter panicked: "), "{m}");
+                    assert!(m.contains("char boundary"), "{m}");
+                }
+                other => panic!("{e}: {other:?}"),
+            }
+        }
+    }
+    let fine =
+        Selector::compile(r#"format.datetime().validate("2024-01-01T12:34:56Z").hasValue()"#);
+    assert_eq!(fine.evaluate(&env, &device), Outcome::NoMatch);
+}
