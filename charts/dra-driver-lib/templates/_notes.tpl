@@ -27,6 +27,12 @@ every node's ResourceSlices and write the claim status of every claim of its dri
 every Node object (labels included){{ end }}. Turn the policy on unless the cluster enforces
 the same rules another way.
 {{- end }}
+{{- if .Values.hostNetwork }}
+
+WARNING: hostNetwork=true. /metrics, /healthz and /readyz listen on port {{ .Values.metrics.port }} of every
+address of the node, and no NetworkPolicy applies to a pod on the host network. Firewall the
+port on the node, or bind it to the address your scrapers use (extraEnv METRICS_ADDRESS).
+{{- end }}
 {{- if not .Values.allowDevicePluginCoexistence }}
 
 Do not run the classic device plugin for the same devices on these nodes: devices would be

@@ -171,6 +171,8 @@ fn unit_test_rendering_is_current(helm: &Helm, root: &Path) -> Result<()> {
 /// warn when the admission policy is off but RBAC is on: nothing then
 /// confines a node's driver to its own node's objects. No warning with the
 /// defaults; the Node patch is named only for a chart that may patch Nodes.
+/// They also warn with `hostNetwork=true`, where the ops port is a port of
+/// the node that no NetworkPolicy covers.
 fn notes_warn_without_the_admission_policy(
     helm: &Helm,
     root: &Path,
@@ -224,8 +226,16 @@ fn notes_warn_without_the_admission_policy(
         "{}: warns about the policy though the chart grants nothing (rbac.create=false)",
         spec.name
     );
+    let host = notes(&["hostNetwork=true", "metrics.port=9464"])?;
+    ensure!(
+        host.contains(
+            "WARNING: hostNetwork=true. /metrics, /healthz and /readyz listen on port 9464"
+        ),
+        "{}: no warning in the install notes that hostNetwork puts the ops port beyond the NetworkPolicy:\n{host}",
+        spec.name
+    );
     eprintln!(
-        "==> charts: {} install notes warn without the admission policy",
+        "==> charts: {} install notes warn without the admission policy and with hostNetwork",
         spec.name
     );
     Ok(())
