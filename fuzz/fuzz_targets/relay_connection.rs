@@ -19,6 +19,9 @@ const TYPE_HEADERS: u8 = 0x1;
 const TYPE_CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
+/// One header block's (name, value) pairs, in order.
+type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// The dynamic table size the relay accepts, as its SETTINGS say.
 const TABLE_LIMIT: usize = 4096;
 
@@ -72,7 +75,7 @@ impl Script<'_> {
 /// The connection the script describes: the bytes the client sends, each
 /// block's header list as sent, and whether a size update went above the
 /// limit.
-fn connection(script: &mut Script<'_>) -> (Vec<u8>, Vec<Vec<(Vec<u8>, Vec<u8>)>>, bool) {
+fn connection(script: &mut Script<'_>) -> (Vec<u8>, Vec<HeaderList>, bool) {
     let mut encoder = loona_hpack::Encoder::new();
     let mut wire = PREFACE.to_vec();
     let mut sent = Vec::new();
@@ -171,7 +174,7 @@ fn server_side(out: &[u8]) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
 
 /// `list` without `:authority`, and whether every `:authority` it had was
 /// `localhost`.
-fn without_authority(list: &[(Vec<u8>, Vec<u8>)]) -> (Vec<(Vec<u8>, Vec<u8>)>, bool) {
+fn without_authority(list: &[(Vec<u8>, Vec<u8>)]) -> (HeaderList, bool) {
     let local = list
         .iter()
         .filter(|(n, _)| n == b":authority")

@@ -31,6 +31,7 @@ const TARGETS: &[&str] = &[
     "claim_resolution",
     "relay_connection",
     "efa_counters",
+    "ops_http",
 ];
 
 /// What turns on libFuzzer's coverage feedback on stable rustc.

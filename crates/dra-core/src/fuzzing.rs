@@ -5,6 +5,7 @@
 //! allow(unreachable_pub))`: without these features it is reachable from
 //! nowhere outside the crate.
 
+pub use crate::daemon::ops::fuzz::ops_exchange;
 pub use crate::kubelet::authority::{
     AdapterError, Frame, InboundStream, MAX_IN_FRAME, PREFACE, Rewrite, parse_frame,
 };

@@ -45,6 +45,8 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const PROBE_REUSE: Duration = Duration::from_secs(1);
 /// Longest the server waits for open connections on shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+/// Longest a connection may take to send a request's head.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The future a health probe returns.
 pub(crate) type ProbeFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
@@ -260,10 +262,7 @@ impl OpsServer {
             };
             let state = self.state.clone();
             let service = service_fn(move |req| handle(state.clone(), req));
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .serve_connection(TokioIo::new(stream), service);
+            let conn = http1().serve_connection(TokioIo::new(stream), service);
             let conn = graceful.watch(conn);
             tokio::spawn(async move {
                 if let Err(error) = conn.await {
@@ -277,6 +276,20 @@ impl OpsServer {
         }
         tracing::info!("ops server stopped");
     }
+}
+
+/// The HTTP/1.1 settings of every connection (the fuzz target's too).
+/// Half-closed connections are answered: a client that ends its side
+/// after the request (`nc -N`, some probers) gets its response, where
+/// hyper's default drops the request unanswered at the first EOF (found by
+/// the `ops_http` fuzz target's first input).
+fn http1() -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .half_close(true);
+    builder
 }
 
 async fn handle(
@@ -346,5 +359,7 @@ fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     response
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) mod fuzz;
 #[cfg(test)]
 mod tests;

@@ -201,3 +201,22 @@ async fn a_run_outlives_the_request_that_started_it() {
     assert_eq!(probe.check().await, Ok(()));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A client that shuts its side after the request (`nc -N`) still gets the
+/// answer. The connection is served as `serve` serves one, over a pipe on
+/// which the server sees the request and the end of input together: with
+/// hyper's default (no half-close) it closes at that EOF with nothing
+/// written.
+#[test]
+fn a_half_closed_connection_is_answered() {
+    let answer = fuzz::ops_exchange(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n", true, true);
+    let raw = String::from_utf8_lossy(&answer);
+    assert!(raw.starts_with("HTTP/1.1 200 OK\r\n"), "{raw:?}");
+    assert!(raw.ends_with("\r\n\r\nok\n"), "{raw:?}");
+    let answer = fuzz::ops_exchange(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n", false, false);
+    let raw = String::from_utf8_lossy(&answer);
+    assert!(
+        raw.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{raw:?}"
+    );
+}
