@@ -8,24 +8,17 @@
 //! timeouts, never in how busy the machine running the tests is. Socket I/O
 //! is real (the kernel delivers it before the clock may move on).
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use dra_core::testing::ConnectionLimits;
 use dra_core::testing::{Frame, PREFACE};
-use dra_core::testing::{
-    InMemoryClaimSource, KubeletPlugin, PluginMetrics, PluginOptions, RunningPlugin,
-};
-use dra_core::{
-    AllocatedDevice, ClaimRef, DeviceEdits, Driver, DriverConfig, DriverError, InvalidValue,
-    PreparedDevice,
-};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio_util::sync::CancellationToken;
+
+mod support;
+use support::Plugin;
 
 const DRIVER: &str = "conn.example.com";
 /// How long the server may take to close a connection it should close.
@@ -33,73 +26,8 @@ const CLOSE_BOUND: Duration = Duration::from_secs(3);
 /// What SIGTERM has (the requirement).
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-struct NoConfig {}
-
-impl DriverConfig for NoConfig {
-    const API_VERSIONS: &'static [&'static str] = &["conn.example.com/v1"];
-    const KIND: &'static str = "NoConfig";
-    fn validate(&self) -> Result<(), InvalidValue> {
-        Ok(())
-    }
-}
-
-struct NoDevices;
-
-impl Driver for NoDevices {
-    type Config = NoConfig;
-    async fn prepare(
-        &self,
-        _: &ClaimRef,
-        _: &[AllocatedDevice<NoConfig>],
-    ) -> Result<Vec<DeviceEdits>, DriverError> {
-        Ok(Vec::new())
-    }
-    async fn unprepare(&self, _: &ClaimRef, _: &[PreparedDevice]) -> Result<(), DriverError> {
-        Ok(())
-    }
-}
-
-struct Plugin {
-    _dir: tempfile::TempDir,
-    token: CancellationToken,
-    running: RunningPlugin,
-}
-
-impl Plugin {
-    fn registration(&self) -> &Path {
-        &self.running.sockets.registration
-    }
-    fn dra(&self) -> &Path {
-        &self.running.sockets.plugin
-    }
-}
-
 async fn start(limits: ConnectionLimits) -> Plugin {
-    let dir = tempfile::tempdir().unwrap();
-    let root: PathBuf = dir.path().to_path_buf();
-    std::fs::write(root.join("boot_id"), "boot-1\n").unwrap();
-    let mut o = PluginOptions::new(DRIVER, "conn");
-    o.registrar_dir = root.join("registry");
-    o.plugins_dir = root.join("plugins");
-    o.cdi_root = root.join("cdi");
-    o.boot_id_path = root.join("boot_id");
-    o.connections = limits;
-    let token = CancellationToken::new();
-    let running = KubeletPlugin::new(
-        NoDevices,
-        Arc::new(InMemoryClaimSource::new()),
-        o,
-        PluginMetrics::register(&prometheus::Registry::new()).unwrap(),
-    )
-    .start(token.clone())
-    .await
-    .unwrap();
-    Plugin {
-        _dir: dir,
-        token,
-        running,
-    }
+    support::start_empty(DRIVER, "conn", |o| o.connections = limits).await
 }
 
 fn frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {

@@ -8,56 +8,26 @@
 //! here depends on how fast the machine is.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dra_core::testing::{
     CHECKPOINT_VERSION, Checkpoint, CheckpointStore, ClaimSource, ClaimSourceError,
-    ConnectionLimits, Frame, InMemoryClaimSource, KubeletPlugin, PREFACE, PluginMetrics,
-    PluginOptions, PreparedClaim, RunningPlugin, dra_v1, unix_channel,
-};
-use dra_core::{
-    AllocatedDevice, ClaimRef, DeviceEdits, Driver, DriverConfig, DriverError, InvalidValue,
-    PreparedDevice,
+    ConnectionLimits, Frame, InMemoryClaimSource, PREFACE, PluginMetrics, PluginOptions,
+    PreparedClaim, dra_v1, unix_channel,
 };
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio_util::sync::CancellationToken;
 use tonic::Code;
+
+mod support;
+use support::Plugin;
 
 const DRIVER: &str = "bounds.example.com";
 const CLASS: &str = "bounds";
 const UID: &str = "5b000000-0000-4000-8000-000000000001";
-
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-struct NoConfig {}
-
-impl DriverConfig for NoConfig {
-    const API_VERSIONS: &'static [&'static str] = &["bounds.example.com/v1"];
-    const KIND: &'static str = "NoConfig";
-    fn validate(&self) -> Result<(), InvalidValue> {
-        Ok(())
-    }
-}
-
-struct NoDevices;
-
-impl Driver for NoDevices {
-    type Config = NoConfig;
-    async fn prepare(
-        &self,
-        _: &ClaimRef,
-        _: &[AllocatedDevice<NoConfig>],
-    ) -> Result<Vec<DeviceEdits>, DriverError> {
-        Ok(Vec::new())
-    }
-    async fn unprepare(&self, _: &ClaimRef, _: &[PreparedDevice]) -> Result<(), DriverError> {
-        Ok(())
-    }
-}
 
 /// An API server that never answers.
 struct Hung;
@@ -72,22 +42,7 @@ impl ClaimSource for Hung {
     }
 }
 
-struct Plugin {
-    dir: tempfile::TempDir,
-    _token: CancellationToken,
-    running: RunningPlugin,
-}
-
 impl Plugin {
-    fn dra(&self) -> &Path {
-        &self.running.sockets.plugin
-    }
-    fn root(&self) -> &Path {
-        self.dir.path()
-    }
-    fn cdi_root(&self) -> PathBuf {
-        self.root().join("cdi")
-    }
     fn checkpoint(&self) -> CheckpointStore {
         CheckpointStore::new(
             &self.running.sockets.data_dir,
@@ -104,34 +59,11 @@ impl Plugin {
 }
 
 async fn start(claims: Arc<dyn ClaimSource>, configure: impl FnOnce(&mut PluginOptions)) -> Plugin {
-    let dir = tempfile::tempdir().unwrap();
-    let root: PathBuf = dir.path().to_path_buf();
-    std::fs::write(root.join("boot_id"), "boot-1\n").unwrap();
-    let mut o = PluginOptions::new(DRIVER, CLASS);
-    o.registrar_dir = root.join("registry");
-    o.plugins_dir = root.join("plugins");
-    o.cdi_root = root.join("cdi");
-    o.boot_id_path = root.join("boot_id");
-    configure(&mut o);
-    let token = CancellationToken::new();
-    let running = KubeletPlugin::new(
-        NoDevices,
-        claims,
-        o,
-        PluginMetrics::register(&prometheus::Registry::new()).unwrap(),
-    )
-    .start(token.clone())
-    .await
-    .unwrap();
-    Plugin {
-        dir,
-        _token: token,
-        running,
-    }
+    support::start(DRIVER, CLASS, claims, configure).await
 }
 
 async fn start_default() -> Plugin {
-    start(Arc::new(InMemoryClaimSource::new()), |_| {}).await
+    support::start_empty(DRIVER, CLASS, |_| {}).await
 }
 
 fn claim(uid: &str) -> dra_v1::Claim {

@@ -9,6 +9,8 @@ mod authority;
 mod checkpoint;
 mod claims;
 mod lifecycle;
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -126,20 +128,13 @@ struct Harness {
 }
 
 fn options(root: &Path, pod_uid: Option<&str>) -> PluginOptions {
-    let mut o = PluginOptions::new(DRIVER, "dev");
-    o.registrar_dir = root.join("registry");
-    o.plugins_dir = root.join("plugins");
-    o.cdi_root = root.join("cdi");
-    o.boot_id_path = root.join("boot_id");
+    let mut o = support::node_options(root, DRIVER, "dev");
     o.pod_uid = pod_uid.map(str::to_string);
     o
 }
 
 async fn start_at(dir: tempfile::TempDir, driver: TestDriver, health: bool) -> Harness {
     let root = dir.path().to_path_buf();
-    if !root.join("boot_id").exists() {
-        std::fs::write(root.join("boot_id"), "boot-1\n").unwrap();
-    }
     let claims = InMemoryClaimSource::new();
     let registry = prometheus::Registry::new();
     let metrics = PluginMetrics::register(&registry).unwrap();
