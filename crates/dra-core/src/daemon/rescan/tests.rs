@@ -91,6 +91,24 @@ impl crate::daemon::node_driver::NodeDriver for Hardware {
     }
 }
 
+/// A rescanner of `hw` for pool `pool` of `test.example.com`.
+fn rescanner_of(
+    hw: &Hardware,
+    pool: &str,
+    health_timeout: Option<Duration>,
+    metrics: Option<RescanMetrics>,
+) -> (Rescanner<Hardware>, DeviceFeeds) {
+    Rescanner::new(
+        hw.clone(),
+        PoolId {
+            driver: "test.example.com",
+            pool,
+        },
+        health_timeout,
+        metrics,
+    )
+}
+
 fn names(rx: &watch::Receiver<PoolContent>) -> Vec<String> {
     rx.borrow().iter().map(|d| d.name.clone()).collect()
 }
@@ -101,15 +119,7 @@ async fn sends_devices_only_when_they_change_and_keeps_them_on_failure() {
     hw.set(&["a", "b"]);
     let registry = Registry::new();
     let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
-    let (rescanner, mut feeds) = Rescanner::new(
-        hw.clone(),
-        PoolId {
-            driver: "test.example.com",
-            pool: "node-1",
-        },
-        None,
-        Some(metrics.clone()),
-    );
+    let (rescanner, mut feeds) = rescanner_of(&hw, "node-1", None, Some(metrics.clone()));
 
     assert!(rescanner.rescan(Trigger::Start).await.unwrap());
     assert!(feeds.devices.has_changed().unwrap());
@@ -150,15 +160,7 @@ async fn health_follows_every_scan() {
     let timeout = Some(Duration::from_secs(30));
     let registry = Registry::new();
     let metrics = RescanMetrics::register(&registry, "aws_dra_test").unwrap();
-    let (rescanner, mut feeds) = Rescanner::new(
-        hw.clone(),
-        PoolId {
-            driver: "test.example.com",
-            pool: "node-1",
-        },
-        timeout,
-        Some(metrics.clone()),
-    );
+    let (rescanner, mut feeds) = rescanner_of(&hw, "node-1", timeout, Some(metrics.clone()));
     rescanner.rescan(Trigger::Start).await.unwrap();
     let first = feeds.health.borrow_and_update().clone();
     assert_eq!(first.len(), 2);
@@ -223,15 +225,7 @@ async fn health_follows_every_scan() {
 async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
     let hw = Hardware::default();
     hw.set(&["a"]);
-    let (rescanner, feeds) = Rescanner::new(
-        hw.clone(),
-        PoolId {
-            driver: "test.example.com",
-            pool: "n",
-        },
-        None,
-        None,
-    );
+    let (rescanner, feeds) = rescanner_of(&hw, "n", None, None);
     rescanner.rescan(Trigger::Start).await.unwrap();
     let (trigger_tx, trigger_rx) = mpsc::channel(1);
     let config = RescanConfig {
@@ -272,15 +266,7 @@ async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
 async fn the_interval_rescans_without_events() {
     let hw = Hardware::default();
     hw.set(&["a"]);
-    let (rescanner, feeds) = Rescanner::new(
-        hw.clone(),
-        PoolId {
-            driver: "test.example.com",
-            pool: "n",
-        },
-        None,
-        None,
-    );
+    let (rescanner, feeds) = rescanner_of(&hw, "n", None, None);
     rescanner.rescan(Trigger::Start).await.unwrap();
     let (_trigger_tx, trigger_rx) = mpsc::channel(1);
     let config = RescanConfig {
