@@ -299,6 +299,15 @@ fn load_average() -> Option<f64> {
 type CallFuture = Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
 type Call = Box<dyn Fn(dra_v1::Claim) -> CallFuture + Send + Sync>;
 
+/// A per-claim answer as kubelet reads it: an empty error is success.
+fn claim_outcome(error: Option<&String>) -> std::result::Result<(), String> {
+    match error {
+        Some(e) if e.is_empty() => Ok(()),
+        Some(e) => Err(e.clone()),
+        None => Err("no answer for the claim".into()),
+    }
+}
+
 /// The driver's DRA socket, one connection for every call, as kubelet
 /// holds it.
 struct DraSocket {
@@ -330,11 +339,7 @@ impl DraSocket {
                     .await
                     .map_err(|s| s.to_string())?
                     .into_inner();
-                match answer.claims.get(&uid) {
-                    Some(a) if a.error.is_empty() => Ok(()),
-                    Some(a) => Err(a.error.clone()),
-                    None => Err("no answer for the claim".into()),
-                }
+                claim_outcome(answer.claims.get(&uid).map(|a| &a.error))
             })
         });
         let c = client;
@@ -349,11 +354,7 @@ impl DraSocket {
                     .await
                     .map_err(|s| s.to_string())?
                     .into_inner();
-                match answer.claims.get(&uid) {
-                    Some(a) if a.error.is_empty() => Ok(()),
-                    Some(a) => Err(a.error.clone()),
-                    None => Err("no answer for the claim".into()),
-                }
+                claim_outcome(answer.claims.get(&uid).map(|a| &a.error))
             })
         });
         Ok(DraSocket { prepare, unprepare })
