@@ -7,8 +7,8 @@
 use std::path::{Component, Path};
 use std::sync::OnceLock;
 
-use dra_core::fuzzing::{Checkpoint, CheckpointError, CheckpointStore};
 use dra_core::fuzzing::PluginMetrics;
+use dra_core::fuzzing::{Checkpoint, CheckpointError, CheckpointStore};
 use libfuzzer_sys::fuzz_target;
 
 struct Fixture {

@@ -14,6 +14,10 @@
 use dra_core::fuzzing::ops_exchange;
 use libfuzzer_sys::fuzz_target;
 
+#[path = "common/script.rs"]
+mod script;
+use script::Script;
+
 const METHODS: [&str; 5] = ["GET", "HEAD", "POST", "DELETE", "OPTIONS"];
 const PATHS: [&str; 6] = [
     "/metrics",
@@ -27,31 +31,6 @@ const PATHS: [&str; 6] = [
 /// it cannot parse with (400 bad request, 408 head read timed out, 413/414/
 /// 431 too large, 501 unknown transfer coding, 505 version).
 const STATUSES: [u16; 12] = [200, 404, 405, 503, 400, 408, 413, 414, 431, 500, 501, 505];
-
-/// Reads the input a byte at a time; zeros once it runs out.
-struct Script<'a>(&'a [u8]);
-
-impl Script<'_> {
-    fn byte(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((b, rest)) => {
-                self.0 = rest;
-                *b
-            }
-            None => 0,
-        }
-    }
-    fn done(&self) -> bool {
-        self.0.is_empty()
-    }
-    /// Up to `n` raw bytes of the input.
-    fn bytes(&mut self, n: usize) -> &[u8] {
-        let n = n.min(self.0.len());
-        let (taken, rest) = self.0.split_at(n);
-        self.0 = rest;
-        taken
-    }
-}
 
 /// A well-formed request: method, path, an optional header whose value
 /// is drawn from the input (visible ASCII only), and for a POST a small

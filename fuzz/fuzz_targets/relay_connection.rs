@@ -15,6 +15,10 @@
 use dra_core::fuzzing::{Frame, InboundStream, MAX_IN_FRAME, PREFACE, Rewrite, parse_frame};
 use libfuzzer_sys::fuzz_target;
 
+#[path = "common/script.rs"]
+mod script;
+use script::Script;
+
 const TYPE_HEADERS: u8 = 0x1;
 const TYPE_CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
@@ -44,22 +48,7 @@ const VALUES: [&[u8]; 6] = [
     b"trailers",
 ];
 
-/// Reads the input a byte at a time; zeros once it runs out.
-struct Script<'a>(&'a [u8]);
-
 impl Script<'_> {
-    fn byte(&mut self) -> u8 {
-        match self.0.split_first() {
-            Some((b, rest)) => {
-                self.0 = rest;
-                *b
-            }
-            None => 0,
-        }
-    }
-    fn done(&self) -> bool {
-        self.0.is_empty()
-    }
     /// A value: one of the usual ones, or up to 255 bytes of the input (to
     /// fill the table and make it evict).
     fn value(&mut self) -> Vec<u8> {

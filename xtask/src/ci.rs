@@ -119,6 +119,28 @@ fn checks() -> Vec<Step> {
                 "warnings",
             ],
         ),
+        // The fuzz targets are a workspace of their own, which neither
+        // `fmt --all` nor the clippy above reaches (a plain build, without
+        // libFuzzer's instrumentation). Clippy cold: 71 s.
+        step(
+            "fmt-fuzz",
+            300,
+            &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"],
+        ),
+        step(
+            "clippy-fuzz",
+            900,
+            &[
+                "clippy",
+                "--manifest-path",
+                "fuzz/Cargo.toml",
+                "--bins",
+                "--locked",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ),
         // dra-core as a driver binary builds it, without the `testing`
         // feature the workspace build turns on through the e2e crate: no
         // unreachable `pub`, no code only the test helpers use.

@@ -54,6 +54,8 @@ fn e2e_legs_cover_both_releases_after_their_preparation() {
             "supply-chain",
             "docs-links",
             "clippy",
+            "fmt-fuzz",
+            "clippy-fuzz",
             "clippy-sdk",
             "doc",
             "test",
