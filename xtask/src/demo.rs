@@ -48,6 +48,10 @@ const NAMESPACE: &str = "demo";
 /// network ready at its next status update, every 10 s).
 const NODES_READY_WAIT: Duration = Duration::from_secs(60);
 
+/// How long the drivers have, after that, to be registered with their
+/// kubelets (seconds after their pools are published, as a rule).
+const REGISTERED_WAIT: Duration = Duration::from_secs(60);
+
 /// Example files applied, in order (pods in files without one are created
 /// for the named template). Chosen to fit together: 16 chips and 16 EFAs on
 /// trn2, 8 GPUs and 32 EFAs on p5.
@@ -131,13 +135,12 @@ async fn present(
     kubectl: &std::path::Path,
 ) -> Result<()> {
     eprintln!("==> demo: up in {:.1}s", started.elapsed().as_secs_f64());
-    let result = match nodes_ready(&tb).await {
-        Ok(line) => {
-            eprintln!("==> demo: {line}");
-            apply_and_print(&tb).await
-        }
-        Err(e) => Err(e),
-    };
+    let result = async {
+        eprintln!("==> demo: {}", nodes_ready(&tb).await?);
+        eprintln!("==> demo: {}", drivers_registered(&tb).await?);
+        apply_and_print(&tb).await
+    }
+    .await;
     if let Err(e) = &result {
         eprintln!("demo: {e:#}");
     }
@@ -188,6 +191,43 @@ async fn nodes_ready(tb: &impl Testbed) -> Result<String> {
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// Waits until the kubelet of every node has registered each of its
+/// drivers (`aws_dra_plugin_registered 1` on the driver's `/metrics`). A
+/// published pool is not enough: the scheduler allocates from it at once,
+/// and a pod whose driver the kubelet has not registered yet fails its
+/// prepare and is retried only at the kubelet's next sync of the pod, a
+/// minute later (kubernetes#139836; the first example pod waited 63.6 s so).
+async fn drivers_registered(tb: &impl Testbed) -> Result<String> {
+    let deadline = Instant::now() + REGISTERED_WAIT;
+    let mut count = 0;
+    for node in tb.nodes() {
+        for kind in &node.drivers {
+            loop {
+                let seen = match tb.driver_metrics(&node.name, *kind).await {
+                    Ok(metrics)
+                        if metrics
+                            .lines()
+                            .any(|l| l.trim() == "aws_dra_plugin_registered 1") =>
+                    {
+                        count += 1;
+                        break;
+                    }
+                    Ok(_) => "aws_dra_plugin_registered is not 1".to_string(),
+                    Err(e) => format!("reading its metrics: {e}"),
+                };
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "{} on {} not registered with the kubelet after {REGISTERED_WAIT:?}: {seen}",
+                    kind.binary(),
+                    node.name
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    Ok(format!("{count} drivers registered with their kubelets"))
 }
 
 /// Why `node` is not Ready (its Ready condition's reason and message), or
