@@ -12,11 +12,14 @@
 //! Input: a byte stream read as a script (see [`Script`]).
 #![no_main]
 
-use dra_core::fuzzing::{Frame, InboundStream, MAX_IN_FRAME, PREFACE, Rewrite, parse_frame};
+use dra_core::fuzzing::{Frame, InboundStream, PREFACE, Rewrite};
 use libfuzzer_sys::fuzz_target;
 
+#[path = "common/relay_output.rs"]
+mod relay_output;
 #[path = "common/script.rs"]
 mod script;
+use relay_output::frames_after_preface;
 use script::Script;
 
 const TYPE_HEADERS: u8 = 0x1;
@@ -128,23 +131,12 @@ fn connection(script: &mut Script<'_>) -> (Vec<u8>, Vec<HeaderList>, bool) {
 }
 
 /// The header lists the server decodes from the relay's output.
-fn server_side(out: &[u8]) -> Vec<Vec<(Vec<u8>, Vec<u8>)>> {
-    assert_eq!(
-        &out[..PREFACE.len()],
-        PREFACE,
-        "output starts with the preface"
-    );
-    let mut rest = &out[PREFACE.len()..];
+fn server_side(out: &[u8]) -> Vec<HeaderList> {
     let mut decoder = loona_hpack::Decoder::new();
     decoder.set_max_allowed_table_size(TABLE_LIMIT);
     let mut lists = Vec::new();
     let mut block: Vec<u8> = Vec::new();
-    while !rest.is_empty() {
-        let (frame, used) = parse_frame(rest)
-            .expect("output frames are within the size limit")
-            .expect("output holds whole frames only");
-        assert!(frame.payload.len() <= MAX_IN_FRAME);
-        rest = &rest[used..];
+    for frame in frames_after_preface(out) {
         assert!(
             frame.frame_type == TYPE_HEADERS || frame.frame_type == TYPE_CONTINUATION,
             "only header frames were sent"
