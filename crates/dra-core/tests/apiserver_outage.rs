@@ -14,12 +14,15 @@ use dra_core::testing::{
     dra_v1, run_in_process, unix_channel,
 };
 use dra_core::{
-    AllocatedDevice, ClaimRef, DeviceEdits, DeviceInventory, Driver, DriverConfig, DriverError,
-    HostPaths, InvalidValue, NoExtraArgs, PreparedDevice, Program, ScannedDevice,
+    AllocatedDevice, ClaimRef, DeviceEdits, DeviceInventory, Driver, DriverError, HostPaths,
+    NoExtraArgs, PreparedDevice, Program, ScannedDevice,
 };
 use k8s_openapi::api::resource::v1::Device;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
+
+mod support;
+use support::NoConfig;
 
 const DRIVER: &str = "outage.example.com";
 const NODE: &str = "node-a";
@@ -27,17 +30,6 @@ const NODE: &str = "node-a";
 const UNPREPARE_BOUND: Duration = Duration::from_secs(10);
 const UID_1: &str = "0b9e4a52-6a3e-4f4e-9c1a-1e2f3a4b5c61";
 const UID_2: &str = "0b9e4a52-6a3e-4f4e-9c1a-1e2f3a4b5c62";
-
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-struct NoConfig {}
-
-impl DriverConfig for NoConfig {
-    const API_VERSIONS: &'static [&'static str] = &["outage.example.com/v1"];
-    const KIND: &'static str = "NoConfig";
-    fn validate(&self) -> Result<(), InvalidValue> {
-        Ok(())
-    }
-}
 
 /// Counts unprepares, so the test sees the driver's own hook ran.
 static UNPREPARED: AtomicUsize = AtomicUsize::new(0);
