@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use e2e::scenarios::kit;
+use e2e::scenarios::registration::registered_on;
 use e2e::{ChartTestbed, LocalOptions, LocalTestbed, ManagedTestbed, Testbed};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -204,27 +205,9 @@ async fn drivers_registered(tb: &impl Testbed) -> Result<String> {
     let mut count = 0;
     for node in tb.nodes() {
         for kind in &node.drivers {
-            loop {
-                let seen = match tb.driver_metrics(&node.name, *kind).await {
-                    Ok(metrics)
-                        if metrics
-                            .lines()
-                            .any(|l| l.trim() == "aws_dra_plugin_registered 1") =>
-                    {
-                        count += 1;
-                        break;
-                    }
-                    Ok(_) => "aws_dra_plugin_registered is not 1".to_string(),
-                    Err(e) => format!("reading its metrics: {e}"),
-                };
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "{} on {} not registered with the kubelet after {REGISTERED_WAIT:?}: {seen}",
-                    kind.binary(),
-                    node.name
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            registered_on(tb, &node.name, *kind, left).await?;
+            count += 1;
         }
     }
     Ok(format!("{count} drivers registered with their kubelets"))

@@ -82,7 +82,13 @@ async fn set_sharing(tb: &impl Testbed, value: Option<&str>) -> Result<()> {
     // Slices come before the kubelet knows the restarted driver: a pod
     // created in between fails its prepare ("not registered") and is only
     // retried at the kubelet's next periodic sync of the pod, 60-90 s later.
-    super::migration::registered_on(tb, NODE, DriverKind::Efa).await
+    super::registration::registered_on(
+        tb,
+        NODE,
+        DriverKind::Efa,
+        super::registration::REGISTRATION_WAIT,
+    )
+    .await
 }
 
 fn is_shared(d: &Device) -> bool {

@@ -274,7 +274,13 @@ pub async fn driver_crash(tb: &impl Testbed, ns: &str) -> Result<()> {
     // fail its retry too and leave the pod to the periodic sync again (not
     // seen so far; s10's slow CI runs are not explained by it, see
     // docs/e2e.md).
-    super::migration::registered_on(tb, "p5", DriverKind::Efa).await?;
+    super::registration::registered_on(
+        tb,
+        "p5",
+        DriverKind::Efa,
+        super::registration::REGISTRATION_WAIT,
+    )
+    .await?;
     let nudging = Instant::now();
     for attempt in 1.. {
         let mut waiting = 0;

@@ -18,6 +18,8 @@
 use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail, ensure};
+
+use super::registration::{REGISTRATION_WAIT, registered_on};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
@@ -60,27 +62,6 @@ async fn allocatable(tb: &impl Testbed, node_name: &str) -> Result<Option<String
         .and_then(|a| a.get(RESOURCE).map(|q| q.0.clone())))
 }
 
-/// Waits until kubelet has registered the driver `kind` on `node`
-/// (`aws_dra_plugin_registered 1`): a complete pool in the API comes first, and
-/// a pod that reaches the kubelet before the registration fails its prepare
-/// and waits for the kubelet's next periodic sync of the pod
-/// (kubernetes#139836).
-pub(super) async fn registered_on(tb: &impl Testbed, node: &str, kind: DriverKind) -> Result<()> {
-    kit::wait_for(
-        tb,
-        &format!("kubelet registration of {} on {node}", kind.binary()),
-        Duration::from_secs(30),
-        || async {
-            let metrics = tb.driver_metrics(node, kind).await?;
-            Ok(metrics
-                .lines()
-                .any(|l| l.trim() == "aws_dra_plugin_registered 1")
-                .then_some(()))
-        },
-    )
-    .await
-}
-
 async fn neuron_slices(tb: &impl Testbed, node_name: &str) -> Result<Vec<ResourceSlice>> {
     let api: Api<ResourceSlice> = Api::all(tb.client());
     let lp = ListParams::default().fields(&format!(
@@ -101,7 +82,7 @@ pub async fn device_plugin_to_dra(tb: &impl Testbed, ns: &str) -> Result<()> {
             let _ = tb.stop_driver("trn2", DriverKind::Neuron).await;
             tb.start_driver("trn2", DriverKind::Neuron).await?;
         }
-        registered_on(tb, "trn2", DriverKind::Neuron).await?;
+        registered_on(tb, "trn2", DriverKind::Neuron, REGISTRATION_WAIT).await?;
         anyhow::Ok(())
     }
     .await;
@@ -145,7 +126,7 @@ async fn steps(tb: &impl Testbed, ns: &str, node_name: &str) -> Result<()> {
 
     // 3. Install the driver, and wait until kubelet has registered it.
     tb.start_driver("trn2", DriverKind::Neuron).await?;
-    registered_on(tb, "trn2", DriverKind::Neuron).await?;
+    registered_on(tb, "trn2", DriverKind::Neuron, REGISTRATION_WAIT).await?;
 
     // 4. The same pod, unchanged, now served by DRA.
     kit::apply_all(tb, ns, &[workload()]).await?;
@@ -164,7 +145,7 @@ async fn steps(tb: &impl Testbed, ns: &str, node_name: &str) -> Result<()> {
     );
     tb.stop_driver("trn2", DriverKind::Neuron).await?;
     tb.start_driver("trn2", DriverKind::Neuron).await?;
-    registered_on(tb, "trn2", DriverKind::Neuron).await?;
+    registered_on(tb, "trn2", DriverKind::Neuron, REGISTRATION_WAIT).await?;
     kit::delete_pods(tb, ns, &["training"], GONE).await?;
     Ok(())
 }

@@ -35,6 +35,7 @@ mod migration;
 mod outage;
 mod partitions;
 mod publish;
+pub mod registration;
 mod reuse;
 mod shadow;
 mod taints;

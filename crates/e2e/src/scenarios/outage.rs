@@ -35,7 +35,7 @@ use kube::Api;
 use super::allocate::{GONE, RUNNING};
 use super::kit;
 use super::lifecycle::{prepared, uid, wait_unprepared};
-use super::migration::registered_on;
+use super::registration::{REGISTRATION_WAIT, registered_on};
 use crate::host_env::examples_dir;
 use crate::testbed::{DriverKind, Testbed};
 
@@ -195,7 +195,7 @@ async fn during_outage(tb: &impl Testbed, claim: &str) -> Result<(i32, DuringOut
     let pid = tb
         .driver_process_id(NODE, EFA)
         .ok_or_else(|| anyhow!("efa-driver on p5 is not running after its start"))?;
-    registered_on(tb, NODE, EFA).await?;
+    registered_on(tb, NODE, EFA, REGISTRATION_WAIT).await?;
     let registered_ms = started.elapsed().as_millis();
     let waits_only_for_api = || async {
         let (status, body) = tb.driver_readyz(NODE, EFA).await?;
