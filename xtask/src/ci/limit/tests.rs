@@ -147,9 +147,12 @@ fn the_parent_pid_is_read_past_a_command_name_with_spaces() {
 #[test]
 fn a_real_process_tree_is_stopped_whole() {
     // A shell that starts a grandchild which ignores nothing: both end when
-    // the step is stopped (no time is asserted, only who is left).
+    // the step is stopped (no time is asserted, only who is left). The
+    // shell waits for that child by pid, so it exits with the child's
+    // status (killed) even when the child gets the signal first; a bare
+    // `wait` returns 0 then, and the shell exited "successfully".
     let mut child = std::process::Command::new("sh")
-        .args(["-c", "sleep 300 & wait"])
+        .args(["-c", "sleep 300 & wait $!"])
         .spawn()
         .unwrap();
     // The grandchild is there once the table shows it.
