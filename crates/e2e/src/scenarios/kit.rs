@@ -1,16 +1,19 @@
 //! Helpers the scenarios share: polling with timeouts, applying examples,
 //! reading pods, claims, slices, events and the probe's report.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, ServiceAccount};
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
+
+mod probe;
+pub use probe::{ProbeReport, probe};
 
 use crate::manifests;
 use crate::testbed::{DriverKind, Testbed};
@@ -73,10 +76,18 @@ pub async fn namespace(tb: &impl Testbed, name: &str) -> Result<()> {
     let api: Api<Namespace> = Api::all(tb.client());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
     match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e).context(format!("creating namespace {name}")),
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e).context(format!("creating namespace {name}")),
     }
+    // Pods are refused until the controller manager has made the
+    // namespace's default ServiceAccount (seen on 1.34: s29's first pod).
+    let accounts: Api<ServiceAccount> = Api::namespaced(tb.client(), name);
+    let what = format!("ServiceAccount {name}/default");
+    wait_for(tb, &what, Duration::from_secs(60), || async {
+        Ok(accounts.get_opt("default").await?.map(|_| ()))
+    })
+    .await
 }
 
 /// The Kubernetes Node name of the testbed node the scenarios call `node`.
@@ -271,61 +282,6 @@ pub async fn delete_all_pods(tb: &impl Testbed, ns: &str, timeout: Duration) -> 
 pub async fn drop_namespace(tb: &impl Testbed, ns: &str) {
     let api: Api<Namespace> = Api::all(tb.client());
     let _ = api.delete(ns, &DeleteParams::default()).await;
-}
-
-/// What the probe container reported.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ProbeReport {
-    /// path → `char M:m`
-    pub devices: BTreeMap<String, String>,
-    pub env: BTreeMap<String, String>,
-}
-
-impl ProbeReport {
-    pub fn parse(log: &str) -> Option<ProbeReport> {
-        let body = log
-            .split_once("probe-begin\n")?
-            .1
-            .split_once("probe-end")?
-            .0;
-        let mut r = ProbeReport::default();
-        for line in body.lines() {
-            if let Some(rest) = line.strip_prefix("dev ") {
-                if let Some((path, what)) = rest.split_once(' ') {
-                    r.devices.insert(path.to_string(), what.to_string());
-                }
-            } else if let Some(kv) = line.strip_prefix("env ")
-                && let Some((k, v)) = kv.split_once('=')
-            {
-                r.env.insert(k.to_string(), v.to_string());
-            }
-        }
-        Some(r)
-    }
-
-    /// Device paths under `prefix` (e.g. `/dev/infiniband/uverbs`).
-    pub fn devices_with_prefix(&self, prefix: &str) -> BTreeSet<String> {
-        self.devices
-            .keys()
-            .filter(|p| p.starts_with(prefix))
-            .cloned()
-            .collect()
-    }
-}
-
-/// Waits for the probe's complete report in the pod's log.
-pub async fn probe(tb: &impl Testbed, ns: &str, pod: &str) -> Result<ProbeReport> {
-    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
-    wait_for(
-        tb,
-        &format!("probe report of {ns}/{pod}"),
-        Duration::from_secs(60),
-        || async {
-            let log = pods.logs(pod, &LogParams::default()).await?;
-            Ok(ProbeReport::parse(&log))
-        },
-    )
-    .await
 }
 
 /// One allocated device of a claim.
@@ -559,6 +515,7 @@ pub fn neuron_index(device: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn probe_reports_parse() {
