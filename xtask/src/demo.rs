@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use e2e::scenarios::kit;
-use e2e::scenarios::registration::registered_on;
+use e2e::scenarios::registration::all_registered;
 use e2e::{ChartTestbed, LocalOptions, LocalTestbed, ManagedTestbed, Testbed};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -201,15 +201,7 @@ async fn nodes_ready(tb: &impl Testbed) -> Result<String> {
 /// prepare and is retried only at the kubelet's next sync of the pod, a
 /// minute later (kubernetes#139836; the first example pod waited 63.6 s so).
 async fn drivers_registered(tb: &impl Testbed) -> Result<String> {
-    let deadline = Instant::now() + REGISTERED_WAIT;
-    let mut count = 0;
-    for node in tb.nodes() {
-        for kind in &node.drivers {
-            let left = deadline.saturating_duration_since(Instant::now());
-            registered_on(tb, &node.name, *kind, left).await?;
-            count += 1;
-        }
-    }
+    let count = all_registered(tb, REGISTERED_WAIT).await?;
     Ok(format!("{count} drivers registered with their kubelets"))
 }
 

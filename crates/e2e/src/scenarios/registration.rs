@@ -3,7 +3,7 @@
 //! reaches the kubelet before the registration fails its prepare and waits
 //! for the kubelet's next periodic sync of the pod (kubernetes#139836).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
@@ -34,4 +34,22 @@ pub async fn registered_on(
         },
     )
     .await
+}
+
+/// Waits, at most `within` in all, until the kubelet of every node has
+/// registered each of the node's drivers; returns how many that is. The
+/// scenario harness calls it once after bring-up and the demo before it
+/// applies the examples, so the first pod does not wait a minute for a
+/// driver the kubelet did not know yet.
+pub async fn all_registered(tb: &impl Testbed, within: Duration) -> Result<usize> {
+    let deadline = Instant::now() + within;
+    let mut count = 0;
+    for node in tb.nodes() {
+        for kind in &node.drivers {
+            let left = deadline.saturating_duration_since(Instant::now());
+            registered_on(tb, &node.name, *kind, left).await?;
+            count += 1;
+        }
+    }
+    Ok(count)
 }

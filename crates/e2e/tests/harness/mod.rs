@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use e2e::scenarios::{self, SCENARIOS};
 use e2e::{Figures, ManagedTestbed};
@@ -14,10 +14,17 @@ type Start<B> = Box<
     dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = e2e::Result<B>>>> + Send + Sync,
 >;
 
+/// How long, after bring-up, the kubelets have to register every driver.
+const REGISTERED_AT_START: Duration = Duration::from_secs(60);
+
 struct Shared<B: ManagedTestbed + 'static> {
     runtime: tokio::runtime::Runtime,
     /// `None` until the first scenario starts it; `Err` when bring-up failed.
     testbed: Mutex<Option<Result<Arc<B>, String>>>,
+    /// Set when the testbed came up but a kubelet did not register one of
+    /// its drivers: every scenario fails with it, and the testbed is still
+    /// torn down at the end.
+    unregistered: Mutex<Option<String>>,
     bring_up_ms: Mutex<u64>,
     start: Start<B>,
 }
@@ -35,6 +42,25 @@ impl<B: ManagedTestbed + 'static> Shared<B> {
                 .block_on((self.start)())
                 .map(Arc::new)
                 .map_err(|e| format!("testbed bring-up failed: {e}"));
+            // A complete pool comes before the kubelet knows the driver; a
+            // pod in between fails its prepare and waits a minute for the
+            // kubelet's next sync of it. Part of bring-up, so every
+            // scenario starts from registered drivers.
+            if let Ok(tb) = &result {
+                let registered = self
+                    .runtime
+                    .block_on(scenarios::registration::all_registered(
+                        tb.as_ref(),
+                        REGISTERED_AT_START,
+                    ));
+                if let Err(e) = registered {
+                    let why = format!("testbed bring-up failed: {e:#}");
+                    eprintln!("aws-dra-e2e: {why}");
+                    if let Ok(mut u) = self.unregistered.lock() {
+                        *u = Some(why);
+                    }
+                }
+            }
             if let Ok(mut ms) = self.bring_up_ms.lock() {
                 *ms = started.elapsed().as_millis() as u64;
             }
@@ -46,6 +72,9 @@ impl<B: ManagedTestbed + 'static> Shared<B> {
                 );
             }
             *guard = Some(result);
+        }
+        if let Some(why) = self.unregistered.lock().ok().and_then(|u| u.clone()) {
+            return Err(why.into());
         }
         match guard.as_ref() {
             Some(Ok(tb)) => Ok(tb.clone()),
@@ -128,6 +157,7 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
             }
         },
         testbed: Mutex::new(None),
+        unregistered: Mutex::new(None),
         bring_up_ms: Mutex::new(0),
         start,
     });
