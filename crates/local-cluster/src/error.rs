@@ -35,9 +35,10 @@ pub enum Error {
         expected: String,
     },
     #[error(
-        "invalid Kubernetes version {0:?} (expected a minor such as 1.37 or an exact vMAJOR.MINOR.PATCH)"
+        "invalid Kubernetes version {text:?}: expected a release we have ({known}) as a minor \
+         (1.37) or an exact version (v1.37.2, v1.38.0-beta.0)"
     )]
-    BadVersion(String),
+    BadVersion { text: String, known: String },
     #[error(
         "Kubernetes 1.{minor} has no table in crates/local-cluster/src/versions.rs (known: {known})"
     )]

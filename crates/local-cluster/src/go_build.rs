@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result, io};
-use crate::paths::{cache_root, which};
+use crate::paths::{cache_root, repo_root};
 use crate::process::run_checked;
 use crate::versions::KubernetesVersion;
 
@@ -48,45 +48,7 @@ pub struct GoTarget {
     pub tags: String,
 }
 
-/// The Go toolchain the builds use (`$AWS_DRA_GO`, else the usual places).
-pub struct GoToolchain {
-    go: PathBuf,
-    version: String,
-}
-
-impl GoToolchain {
-    pub fn find() -> Result<Self> {
-        let go = std::env::var_os("AWS_DRA_GO")
-            .map(PathBuf::from)
-            .or_else(|| {
-                let default = PathBuf::from("/usr/local/go/bin/go");
-                default.exists().then_some(default)
-            })
-            .or_else(|| which("go"))
-            .ok_or_else(|| Error::MissingBinary {
-                what: "go toolchain (set AWS_DRA_GO)".into(),
-                path: PathBuf::from("/usr/local/go/bin/go"),
-            })?;
-        let out = run_checked(Command::new(&go).arg("version"))?;
-        Ok(Self {
-            go,
-            version: out.trim().to_string(),
-        })
-    }
-
-    pub(crate) fn command(&self, module_dir: &Path) -> Command {
-        let cache = cache_root().join("go");
-        let mut cmd = Command::new(&self.go);
-        cmd.current_dir(module_dir)
-            .env("GOMODCACHE", cache.join("mod"))
-            .env("GOCACHE", cache.join("build"))
-            // Reproducible paths, and no VCS stamping (worktrees confuse it).
-            .env("GOFLAGS", "-trimpath -buildvcs=false")
-            // Never fetch another toolchain: the go directive must fit the local one.
-            .env("GOTOOLCHAIN", "local");
-        cmd
-    }
-}
+pub use crate::go_toolchain::GoToolchain;
 
 /// Builds `targets` of one wrapper module into `out_dir`, unless its stamp
 /// already matches.
@@ -100,7 +62,7 @@ pub fn build_set(
     progress: &mut Progress,
 ) -> Result<()> {
     let mut key = Sha256::new();
-    key.update(go.version.as_bytes());
+    key.update(go.version().as_bytes());
     for file in ["go.mod", "go.sum"] {
         let path = module_dir.join(file);
         if path.exists() {
@@ -162,6 +124,45 @@ pub fn build_set(
         total.elapsed().as_secs_f64()
     ));
     Ok(())
+}
+
+/// Empties the Go build cache (`<cache>/go/build`) once a Kubernetes release
+/// has been built: its binaries are stamped in the cache, and what the
+/// compiler kept for them (about 6 GB a release) only helps a rebuild of the
+/// same release, which a stamp makes rare. The module cache (sources, and
+/// the fetched Go toolchains) stays. `AWS_DRA_KEEP_GO_BUILD_CACHE=1` keeps it
+/// (for someone iterating on a wrapper module). Best effort: a failure is
+/// reported, never fatal.
+pub fn prune_build_cache(go: &GoToolchain, progress: &mut Progress) {
+    if std::env::var_os("AWS_DRA_KEEP_GO_BUILD_CACHE").is_some_and(|v| v != "0") {
+        progress("go build cache kept (AWS_DRA_KEEP_GO_BUILD_CACHE)");
+        return;
+    }
+    let dir = cache_root().join("go/build");
+    let before = dir_size(&dir);
+    match run_checked(go.command(&std::env::temp_dir()).args(["clean", "-cache"])) {
+        Ok(_) => progress(&format!(
+            "go build cache emptied ({:.1} GB freed; the binaries are cached, \
+             AWS_DRA_KEEP_GO_BUILD_CACHE=1 keeps it)",
+            before as f64 / 1e9
+        )),
+        Err(e) => progress(&format!("go build cache not emptied: {e}")),
+    }
+}
+
+/// Bytes of the files under `dir` (0 when it cannot be read).
+pub fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Runs a long command, forwarding its output lines (Go prints only errors
@@ -319,10 +320,14 @@ pub fn staging_modules(upstream_go_mod: &str) -> Vec<String> {
 
 /// The go.mod of a wrapper module for `version` (before `go mod tidy` adds
 /// the indirect requirements). `upstream_go_mod` is k8s.io/kubernetes' own.
+/// `stand_ins` maps a module the proxy will not serve to the directory of
+/// ours that replaces it, as the wrapper's go.mod must spell it; only those
+/// upstream requires are written.
 pub fn render_kubernetes_go_mod(
     version: &KubernetesVersion,
     upstream_go_mod: &str,
     upstream_path: &Path,
+    stand_ins: &[(&str, String)],
 ) -> Result<String> {
     let staging = staging_modules(upstream_go_mod);
     if staging.is_empty() {
@@ -364,12 +369,105 @@ pub fn render_kubernetes_go_mod(
     for m in staging {
         out.push_str(&format!("\t{m} => {m} {staging_version}\n"));
     }
+    for (module, dir) in stand_ins {
+        if required_version(upstream_go_mod, module).is_some() {
+            out.push_str(&format!(
+                "\t// The proxy refuses this module's zip: our stand-in (its go.mod says why).\n\
+                 \t{module} => {dir}\n"
+            ));
+        }
+    }
     out.push_str(")\n");
     Ok(out)
 }
 
+/// Modules a Kubernetes release requires that the Go module proxy lists but
+/// will not serve, and the stand-in of ours that replaces each (a directory
+/// relative to the repository root). `sigs.k8s.io/iptables-wrappers`
+/// v1.0.0 (1.38's kubelet and kube-proxy) answers 403 "not available".
+pub const STAND_INS: &[(&str, &str)] =
+    &[("sigs.k8s.io/iptables-wrappers", "e2e/go/iptables-wrappers")];
+
+/// [`STAND_INS`] as a wrapper module in `dir` must name them: relative to
+/// `dir` when it is inside the repository (a committed module), absolute
+/// otherwise (a generated one in the cache).
+pub fn stand_in_paths(dir: &Path) -> Vec<(&'static str, String)> {
+    let root = lexical(&repo_root());
+    let dir = lexical(dir);
+    STAND_INS
+        .iter()
+        .map(|(module, rel)| {
+            let path = match dir.strip_prefix(&root) {
+                Ok(inside) => {
+                    let up = "../".repeat(inside.components().count());
+                    format!("{up}{rel}")
+                }
+                Err(_) => root.join(rel).display().to_string(),
+            };
+            (*module, path)
+        })
+        .collect()
+}
+
+/// What a build of the wrapper module at `dir` reads besides its go.mod and
+/// go.sum: the sources of the stand-ins its go.mod replaces modules with,
+/// hashed so that a change to a stand-in rebuilds (a directory replacement
+/// leaves no trace in go.sum).
+pub fn stand_ins_key(dir: &Path) -> Result<String> {
+    let path = dir.join("go.mod");
+    let text = fs::read_to_string(&path).map_err(io("reading", &path))?;
+    let mut key = Sha256::new();
+    for (module, rel) in STAND_INS {
+        let replaced = text.lines().any(|l| {
+            let l = l.trim();
+            l.starts_with(module) && l.contains("=>") && l.trim_end().ends_with(rel)
+        });
+        if !replaced {
+            continue;
+        }
+        let mut files = Vec::new();
+        collect_files(&repo_root().join(rel), &mut files)?;
+        files.sort();
+        for file in files {
+            key.update(file.to_string_lossy().as_bytes());
+            key.update(fs::read(&file).map_err(io("reading", &file))?);
+        }
+    }
+    Ok(hex::encode(key.finalize()))
+}
+
+/// `path` with `.` and `dir/..` pairs taken out, without asking the
+/// filesystem (the directory may not exist yet).
+fn lexical(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in fs::read_dir(dir).map_err(io("reading", dir))? {
+        let path = entry.map_err(io("reading", dir))?.path();
+        if path.is_dir() {
+            collect_files(&path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
 /// Writes and tidies a wrapper module for `version` into `dir` (needs the Go
 /// module proxy). `cargo xtask k8s gen-module` uses this to move the pin.
+/// The tidy runs with the Go the release's go.mod asks for
+/// ([`GoToolchain::for_module`]).
 pub fn generate_kubernetes_module(version: &KubernetesVersion, dir: &Path) -> Result<()> {
     GoToolchain::find()?.generate(version, dir)
 }
@@ -377,19 +475,48 @@ pub fn generate_kubernetes_module(version: &KubernetesVersion, dir: &Path) -> Re
 impl GoToolchain {
     pub(crate) fn generate(&self, version: &KubernetesVersion, dir: &Path) -> Result<()> {
         fs::create_dir_all(dir).map_err(io("creating", dir))?;
-        let json = run_checked(
-            self.command(dir)
-                .args(["mod", "download", "-json"])
+        let download = |go: &GoToolchain| {
+            let mut cmd = go.command(dir);
+            cmd.args(["mod", "download", "-json"])
                 .arg(format!("k8s.io/kubernetes@{version}"))
                 // Outside any module: `go mod download` needs none for a path@version.
                 .env("GO111MODULE", "on")
-                .env("GOFLAGS", "-mod=mod"),
-        )?;
-        let info: BTreeMap<String, serde_json::Value> =
-            serde_json::from_str(&json).map_err(|source| Error::Json {
-                what: format!("go mod download output for {version}"),
+                .env("GOFLAGS", "-mod=mod");
+            let rendered = format!("{cmd:?}");
+            let out = cmd.output().map_err(|source| Error::Spawn {
+                command: rendered,
                 source,
             })?;
+            let json = String::from_utf8_lossy(&out.stdout).into_owned();
+            let info: BTreeMap<String, serde_json::Value> =
+                serde_json::from_str(&json).map_err(|source| Error::Json {
+                    what: format!("go mod download output for {version}"),
+                    source,
+                })?;
+            Ok::<_, Error>((out.status.success(), json, info))
+        };
+        let (mut ok, mut json, mut info) = download(self)?;
+        // A release whose go.mod asks for a newer Go than this one refuses
+        // the download ("requires go >= 1.27.0"), but its go.mod is already
+        // fetched: it says which Go to download the rest with.
+        let fetched_go_mod = info
+            .get("GoMod")
+            .and_then(|v| v.as_str())
+            .map(PathBuf::from);
+        if !ok
+            && let Some(gomod) = fetched_go_mod
+            && let Ok(text) = fs::read_to_string(&gomod)
+        {
+            let go = GoToolchain::for_go_mod(&text, &gomod)?;
+            (ok, json, info) = download(&go)?;
+        }
+        if !ok {
+            return Err(Error::CommandFailed {
+                command: format!("go mod download k8s.io/kubernetes@{version}"),
+                status: "failed".into(),
+                output_tail: json,
+            });
+        }
         let gomod_path = info
             .get("GoMod")
             .and_then(|v| v.as_str())
@@ -400,11 +527,15 @@ impl GoToolchain {
                 output_tail: json.clone(),
             })?;
         let upstream = fs::read_to_string(&gomod_path).map_err(io("reading", &gomod_path))?;
-        let rendered = render_kubernetes_go_mod(version, &upstream, &gomod_path)?;
+        let stand_ins = stand_in_paths(dir);
+        let stand_ins: Vec<(&str, String)> =
+            stand_ins.iter().map(|(m, p)| (*m, p.clone())).collect();
+        let rendered = render_kubernetes_go_mod(version, &upstream, &gomod_path, &stand_ins)?;
         let path = dir.join("go.mod");
         fs::write(&path, rendered).map_err(io("writing", &path))?;
         let _ = fs::remove_file(dir.join("go.sum"));
-        run_checked(self.command(dir).args(["mod", "tidy"]))?;
+        let go = GoToolchain::for_module(dir)?;
+        run_checked(go.command(dir).args(["mod", "tidy"]))?;
         Ok(())
     }
 }
@@ -428,7 +559,7 @@ mod tests {
     #[test]
     fn renders_staging_replaces_at_matching_tag() {
         let v = KubernetesVersion::parse("v1.35.4").unwrap();
-        let out = render_kubernetes_go_mod(&v, UPSTREAM, Path::new("up.mod")).unwrap();
+        let out = render_kubernetes_go_mod(&v, UPSTREAM, Path::new("up.mod"), &[]).unwrap();
         assert!(out.contains("\tk8s.io/api => k8s.io/api v0.35.4\n"));
         assert!(out.contains("\tk8s.io/kubelet => k8s.io/kubelet v0.35.4\n"));
         assert!(!out.contains("github.com/x/y"));
@@ -444,6 +575,38 @@ mod tests {
     #[test]
     fn rejects_upstream_without_staging() {
         let v = KubernetesVersion::parse("v1.34.4").unwrap();
-        assert!(render_kubernetes_go_mod(&v, "module x\n", Path::new("x")).is_err());
+        assert!(render_kubernetes_go_mod(&v, "module x\n", Path::new("x"), &[]).is_err());
+    }
+
+    #[test]
+    fn pre_releases_replace_staging_at_the_pre_release_tag() {
+        let v = KubernetesVersion::parse("v1.38.0-beta.0").unwrap();
+        let out = render_kubernetes_go_mod(&v, UPSTREAM, Path::new("up.mod"), &[]).unwrap();
+        assert!(out.contains("\tk8s.io/api => k8s.io/api v0.38.0-beta.0\n"));
+        assert!(out.contains("require k8s.io/kubernetes v1.38.0-beta.0"));
+    }
+
+    #[test]
+    fn stand_ins_replace_only_what_upstream_requires() {
+        let v = KubernetesVersion::parse("v1.38.0-beta.0").unwrap();
+        let upstream = UPSTREAM.replace(
+            "require (\n",
+            "require (\n\tsigs.k8s.io/iptables-wrappers v1.0.0\n",
+        );
+        let stand_ins = [
+            (
+                "sigs.k8s.io/iptables-wrappers",
+                "../../iptables-wrappers".to_string(),
+            ),
+            ("example.com/unused", "../../unused".to_string()),
+        ];
+        let out = render_kubernetes_go_mod(&v, &upstream, Path::new("up.mod"), &stand_ins).unwrap();
+        assert!(out.contains("\tsigs.k8s.io/iptables-wrappers => ../../iptables-wrappers\n"));
+        assert!(!out.contains("example.com/unused"));
+        let committed = repo_root().join("e2e/go/kubernetes/v1.38");
+        let paths = stand_in_paths(&committed);
+        assert_eq!(paths[0].1, "../../../../e2e/go/iptables-wrappers");
+        let elsewhere = stand_in_paths(Path::new("/tmp/aws-dra-wrapper"));
+        assert!(Path::new(&elsewhere[0].1).is_absolute(), "{elsewhere:?}");
     }
 }

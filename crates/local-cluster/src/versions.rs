@@ -18,66 +18,90 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// A Kubernetes release `vMAJOR.MINOR.PATCH`, parsed once.
+/// A Kubernetes release `vMAJOR.MINOR.PATCH` with an optional pre-release
+/// (`v1.38.0-beta.0`), parsed once and printed exactly as parsed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubernetesVersion {
     pub major: u32,
     pub minor: u32,
     pub patch: u32,
+    /// The pre-release after `-` (`alpha.1`, `beta.0`, `rc.2`), as Kubernetes
+    /// tags its releases before `.0`; `None` for a release.
+    pub pre: Option<String>,
 }
 
 impl KubernetesVersion {
-    /// `vMAJOR.MINOR.PATCH`, exactly.
+    /// `vMAJOR.MINOR.PATCH` or `vMAJOR.MINOR.PATCH-PRE`, exactly, where PRE
+    /// is one of Kubernetes' pre-release kinds and a number (`beta.0`).
     pub fn parse(text: &str) -> Result<Self> {
-        let bad = || Error::BadVersion(text.to_string());
+        let bad = || bad_version(text);
         let rest = text.strip_prefix('v').ok_or_else(bad)?;
-        let mut parts = rest.split('.');
+        let (numbers, pre) = match rest.split_once('-') {
+            Some((numbers, pre)) => (numbers, Some(pre)),
+            None => (rest, None),
+        };
+        let mut parts = numbers.split('.');
         let mut next = || -> Result<u32> {
-            parts
-                .next()
-                .ok_or_else(bad)?
-                .parse::<u32>()
-                .map_err(|_| bad())
+            let part = parts.next().ok_or_else(bad)?;
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            part.parse::<u32>().map_err(|_| bad())
         };
-        let version = Self {
-            major: next()?,
-            minor: next()?,
-            patch: next()?,
-        };
+        let (major, minor, patch) = (next()?, next()?, next()?);
         if parts.next().is_some() {
             return Err(bad());
         }
-        Ok(version)
+        let pre = match pre {
+            None => None,
+            Some(pre) if is_pre_release(pre) => Some(pre.to_string()),
+            Some(_) => return Err(bad()),
+        };
+        Ok(Self {
+            major,
+            minor,
+            patch,
+            pre,
+        })
     }
 
     /// What a user types after `--kubernetes`: a minor (`1.37`, `v1.37`),
     /// resolved to the patch its [`Release`] pins, or an exact version
-    /// (`1.37.2`, `v1.37.2`) of a release in [`RELEASES`].
+    /// (`1.37.2`, `v1.38.0-beta.0`) of a release in [`RELEASES`]. Anything
+    /// else is an error that names the releases we have.
     pub fn resolve(text: &str) -> Result<Self> {
         let trimmed = text.trim();
         let bare = trimmed.strip_prefix('v').unwrap_or(trimmed);
-        let parts: Vec<&str> = bare.split('.').collect();
+        let numbers = bare.split_once('-').map_or(bare, |(n, _)| n);
+        let parts: Vec<&str> = numbers.split('.').collect();
         let version = match parts.as_slice() {
-            [major, minor] => {
+            [major, minor] if numbers == bare => {
                 let (Ok(major), Ok(minor)) = (major.parse::<u32>(), minor.parse::<u32>()) else {
-                    return Err(Error::BadVersion(text.to_string()));
+                    return Err(bad_version(text));
                 };
                 if major != 1 {
-                    return Err(Error::BadVersion(text.to_string()));
+                    return Err(bad_version(text));
                 }
                 let release = Release::for_minor(minor)?;
                 Self::parse(release.pinned)?
             }
             [_, _, _] => Self::parse(&format!("v{bare}"))?,
-            _ => return Err(Error::BadVersion(text.to_string())),
+            _ => return Err(bad_version(text)),
         };
+        if version.major != 1 {
+            return Err(bad_version(text));
+        }
         Release::for_minor(version.minor)?;
         Ok(version)
     }
 
-    /// The `v0.MINOR.PATCH` tag of the staging modules that ship with this release.
+    /// The `v0.MINOR.PATCH[-PRE]` tag of the staging modules that ship with
+    /// this release (`k8s.io/api` v0.38.0-beta.0 with Kubernetes v1.38.0-beta.0).
     pub fn staging_version(&self) -> String {
-        format!("v0.{}.{}", self.minor, self.patch)
+        match &self.pre {
+            Some(pre) => format!("v0.{}.{}-{pre}", self.minor, self.patch),
+            None => format!("v0.{}.{}", self.minor, self.patch),
+        }
     }
 
     /// This release's table.
@@ -86,9 +110,40 @@ impl KubernetesVersion {
     }
 }
 
+/// The error for a version we cannot read, naming the releases we have.
+fn bad_version(text: &str) -> Error {
+    Error::BadVersion {
+        text: text.to_string(),
+        known: known_releases(),
+    }
+}
+
+/// `1.34, 1.35, ...`: the minors of [`RELEASES`].
+fn known_releases() -> String {
+    RELEASES
+        .iter()
+        .map(|r| format!("1.{}", r.minor))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Kubernetes' pre-release suffixes: `alpha.N`, `beta.N`, `rc.N`.
+fn is_pre_release(pre: &str) -> bool {
+    let Some((kind, number)) = pre.split_once('.') else {
+        return false;
+    };
+    matches!(kind, "alpha" | "beta" | "rc")
+        && !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
+}
+
 impl std::fmt::Display for KubernetesVersion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)?;
+        if let Some(pre) = &self.pre {
+            write!(f, "-{pre}")?;
+        }
+        Ok(())
     }
 }
 
@@ -246,15 +301,44 @@ pub const RELEASES: &[Release] = &[
             (DraFeature::ResourceHealthStatus, Stage::BetaOn),
         ],
     },
+    // The first beta: GA follows within weeks, and moving the pin is one
+    // line here plus `cargo xtask k8s gen-module --kubernetes 1.38.0`. Its
+    // go.mod asks for Go 1.27, which the build fetches through the Go proxy
+    // (`crate::go_build::GO_TOOLCHAINS`). Stages from its
+    // `pkg/features/kube_features.go`: partitionable devices and consumable
+    // capacity reach GA (the first locked on), device taints and taint rules
+    // are locked on, and the `DynamicResourceAllocation` gate is gone.
+    Release {
+        minor: 38,
+        pinned: "v1.38.0-beta.0",
+        feature_gates: &[],
+        runtime_config: &[],
+        kubelet_config: CGROUP_V1,
+        features: &[
+            (DraFeature::AdminAccess, Stage::Ga),
+            (DraFeature::PrioritizedList, Stage::Ga),
+            (DraFeature::PartitionableDevices, Stage::Ga),
+            (DraFeature::ConsumableCapacity, Stage::Ga),
+            (DraFeature::DeviceTaints, Stage::Ga),
+            (DraFeature::DeviceTaintRules, Stage::Ga),
+            (DraFeature::ExtendedResource, Stage::Ga),
+            (DraFeature::ResourceClaimDeviceStatus, Stage::Ga),
+            (DraFeature::ResourceHealthStatus, Stage::BetaOn),
+        ],
+    },
 ];
 
 /// The release users deploy next: the demo's, and the first CI runs.
 pub const MAIN_MINOR: u32 = 37;
 /// The oldest release we support (the first with `resource.k8s.io/v1`).
 pub const OLDEST_MINOR: u32 = 34;
-/// The releases `cargo xtask ci` runs the whole suite on, newest first.
-/// Their wrapper modules are committed under `e2e/go/kubernetes/`.
-pub const CI_RELEASES: [u32; 2] = [MAIN_MINOR, OLDEST_MINOR];
+/// The next release, on the proxy as a pre-release: CI runs the host
+/// testbed on it so a break shows before users upgrade. When its `.0` is
+/// out, the main release moves to it ([`MAIN_MINOR`], one line).
+pub const NEXT_MINOR: u32 = 38;
+/// The releases `cargo xtask ci` runs the whole suite on, the main one
+/// first. Their wrapper modules are committed under `e2e/go/kubernetes/`.
+pub const CI_RELEASES: [u32; 3] = [MAIN_MINOR, NEXT_MINOR, OLDEST_MINOR];
 
 impl Release {
     pub fn for_minor(minor: u32) -> Result<&'static Release> {
@@ -263,26 +347,18 @@ impl Release {
             .find(|r| r.minor == minor)
             .ok_or_else(|| Error::UnknownRelease {
                 minor,
-                known: RELEASES
-                    .iter()
-                    .map(|r| format!("1.{}", r.minor))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                known: known_releases(),
             })
     }
 
-    /// The pinned version, parsed.
+    /// The pinned version, parsed (the table's own test proves every pin parses).
     pub fn version(&self) -> KubernetesVersion {
-        KubernetesVersion {
+        KubernetesVersion::parse(self.pinned).unwrap_or(KubernetesVersion {
             major: 1,
             minor: self.minor,
-            patch: self
-                .pinned
-                .rsplit('.')
-                .next()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0),
-        }
+            patch: 0,
+            pre: None,
+        })
     }
 
     /// The committed wrapper module's directory, relative to the repository root.
@@ -392,9 +468,21 @@ mod tests {
             ("v1.34", false),
             ("v1.34.4.1", false),
             ("v1.x.4", false),
+            ("v1.38.0-beta.0", true),
+            ("v1.38.0-alpha.3", true),
+            ("v1.38.0-rc.1", true),
+            ("v1.38.0-beta", false),
+            ("v1.38.0-beta.", false),
+            ("v1.38.0-gamma.0", false),
+            ("v1.38.0-beta.0.1", false),
+            ("v1.38.+0", false),
         ] {
             assert_eq!(KubernetesVersion::parse(text).is_ok(), ok, "{text}");
         }
+        let beta = KubernetesVersion::parse("v1.38.0-beta.0").unwrap();
+        assert_eq!(beta.to_string(), "v1.38.0-beta.0");
+        assert_eq!(beta.staging_version(), "v0.38.0-beta.0");
+        assert_eq!(beta.pre.as_deref(), Some("beta.0"));
         let v = KubernetesVersion::parse("v1.34.4").unwrap();
         assert_eq!(v.staging_version(), "v0.34.4");
         assert_eq!(v.to_string(), "v1.34.4");
@@ -408,6 +496,11 @@ mod tests {
             ("1.34.2", Some("v1.34.2")),
             ("v1.37.2", Some("v1.37.2")),
             (" 1.36 ", Some("v1.36.3")),
+            ("1.38", Some("v1.38.0-beta.0")),
+            ("v1.38.0-beta.0", Some("v1.38.0-beta.0")),
+            ("1.38.0-beta.0", Some("v1.38.0-beta.0")),
+            ("1.38-beta.0", None),
+            ("1.37.2-beta", None),
             ("1.33", None),
             ("1.40.1", None),
             ("2.37", None),
@@ -417,8 +510,13 @@ mod tests {
             let got = KubernetesVersion::resolve(text).ok().map(|v| v.to_string());
             assert_eq!(got.as_deref(), want, "{text}");
         }
-        let err = KubernetesVersion::resolve("1.33").unwrap_err().to_string();
-        assert!(err.contains("1.34, 1.35, 1.36, 1.37"), "{err}");
+        for text in ["1.33", "latest", "1.37.2-beta"] {
+            let err = KubernetesVersion::resolve(text).unwrap_err().to_string();
+            assert!(
+                err.contains("1.34, 1.35, 1.36, 1.37, 1.38"),
+                "{text}: {err}"
+            );
+        }
     }
 
     #[test]
