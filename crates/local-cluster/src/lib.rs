@@ -29,6 +29,7 @@ mod cni;
 mod control_plane;
 pub mod error;
 pub mod go_build;
+pub mod go_stand_ins;
 pub mod go_toolchain;
 pub mod image;
 pub mod node;
