@@ -5,6 +5,7 @@
 //! step has a time limit ([`limit`]): one that runs out fails the step, and
 //! CI says which step and which limit.
 
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -12,10 +13,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use local_cluster::versions::{CI_RELEASES, MAIN_MINOR};
 
+mod checks;
 mod entry;
 mod excerpt;
 mod lanes;
 mod limit;
+pub(crate) mod target_dir;
+use checks::checks;
 use excerpt::failure_excerpt;
 use lanes::Outcome;
 
@@ -30,7 +34,9 @@ struct Step {
     name: String,
     program: &'static str,
     args: Vec<String>,
-    env: &'static [(&'static str, &'static str)],
+    /// Set for the step's process. A path in it is absolute (the
+    /// process may run elsewhere: [`target_dir`]).
+    env: Vec<(&'static str, OsString)>,
     /// Runs side by side with the neighbouring steps that have a lane: the
     /// steps of one lane one after another, the lanes at the same time, each
     /// step's output prefixed with its name ([`lanes`]).
@@ -66,7 +72,7 @@ fn step(name: &str, limit_s: u64, args: &[&str]) -> Step {
         name: name.to_string(),
         program: "cargo",
         args: args.iter().map(|a| a.to_string()).collect(),
-        env: &[],
+        env: Vec::new(),
         lane: None,
         background: false,
         nice: false,
@@ -92,135 +98,6 @@ fn e2e_matrix() -> Vec<(u32, &'static str)> {
 /// Seconds of each fuzz target in CI, one at a time in the background
 /// (10 targets: 100 s of fuzzing, plus the build).
 const FUZZ_SMOKE_SECONDS: u64 = 10;
-
-/// The lane of the checks that need no cluster, beside the e2e legs.
-const CHECKS_LANE: &str = "checks";
-
-/// The checks that need no cluster, run in one lane beside the e2e legs.
-fn checks() -> Vec<Step> {
-    let steps = vec![
-        // Licences, bans and sources of the dependency graph (policy:
-        // supply-chain.yaml).
-        step("supply-chain", 900, &["xtask", "supply-chain"]),
-        // Every page under docs/ reachable from docs/README.md, no broken
-        // relative link (a second or two).
-        step("docs-links", 300, &["xtask", "docs-links"]),
-        // Cold: 337 s.
-        step(
-            "clippy",
-            1800,
-            &[
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--locked",
-                "--",
-                "-D",
-                "warnings",
-            ],
-        ),
-        // The fuzz targets are a workspace of their own, which neither
-        // `fmt --all` nor the clippy above reaches (a plain build, without
-        // libFuzzer's instrumentation). Clippy cold: 71 s.
-        step(
-            "fmt-fuzz",
-            300,
-            &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--check"],
-        ),
-        step(
-            "clippy-fuzz",
-            900,
-            &[
-                "clippy",
-                "--manifest-path",
-                "fuzz/Cargo.toml",
-                "--bins",
-                "--locked",
-                "--",
-                "-D",
-                "warnings",
-            ],
-        ),
-        // dra-core as a driver binary builds it, without the `testing`
-        // feature the workspace build turns on through the e2e crate: no
-        // unreachable `pub`, no code only the test helpers use.
-        step(
-            "clippy-sdk",
-            900,
-            &[
-                "clippy", "-p", "dra-core", "--lib", "--locked", "--", "-D", "warnings",
-            ],
-        ),
-        Step {
-            env: &[("RUSTDOCFLAGS", "-D warnings")],
-            ..step("doc", 900, &["doc", "--workspace", "--no-deps", "--locked"])
-        },
-        // Cold: 253 s; 245 s warm when dra-core changed.
-        step(
-            "test",
-            1800,
-            &["test", "--workspace", "--exclude", "e2e", "--locked"],
-        ),
-        // The e2e crate's own unit tests and the structure checks (import
-        // cycles in the test crates and xtask; file length, and import
-        // circles between top-level modules, in every crate; dra-core's public
-        // surface): no cluster needed.
-        step(
-            "e2e-unit",
-            900,
-            &[
-                "test",
-                "-p",
-                "e2e",
-                "--locked",
-                "--lib",
-                "--test",
-                "structure",
-                // Every node a scenario asks for is in the kind node list.
-                "--test",
-                "kind_nodes",
-                // dra-core's public items, counted from the source.
-                "--test",
-                "public_surface",
-                // The stand-in GPU driver's tests, dra-core's conformance
-                // suite among them.
-                "--bin",
-                "gpu-test-driver",
-            ],
-        ),
-        // kubectl-dra's command-line tests once more, against the binary a
-        // user installs (`cargo install` builds the release profile): a
-        // selector that panics the CEL interpreter must still be "cannot
-        // decide" there, which takes `panic = "unwind"` in that profile
-        // (docs/reliability.md). Cold: 119 s (fat LTO of one binary, the
-        // drivers' release dependencies already built by image-build).
-        Step {
-            program: "sh",
-            args: vec![
-                "-c".into(),
-                "cargo build --release --locked -p kubectl-dra && \
-                 KUBECTL_DRA_BIN=\"${CARGO_TARGET_DIR:-target}/release/kubectl-dra\" \
-                 cargo test --locked -p kubectl-dra --test cli"
-                    .into(),
-            ],
-            ..step("kubectl-dra-release", 900, &[])
-        },
-        // checkov (pinned, from PyPI; installed into the cache on first
-        // use) on the default renderings of the charts: only the failures
-        // docs/install.md explains, at most 4 per chart.
-        // Warm: ~40 s on this 2-core machine (one checkov run, 4 renderings).
-        // Cold it also installs checkov into a virtual environment.
-        step("chart-scan", 900, &["xtask", "charts", "scan"]),
-    ];
-    steps
-        .into_iter()
-        .map(|s| Step {
-            lane: Some(CHECKS_LANE.to_string()),
-            nice: true,
-            ..s
-        })
-        .collect()
-}
 
 /// Every fuzz target built from scratch on a cold machine (needs a C++
 /// compiler for libFuzzer) and run from its seeds for a few seconds: catches
@@ -253,7 +130,9 @@ fn fuzz_smoke() -> Step {
     }
 }
 
-fn steps() -> Vec<Step> {
+/// Every step in its order; `target` is the absolute target directory the
+/// steps' cargos build into ([`target_dir::resolve`]).
+fn steps(target: &Path) -> Vec<Step> {
     let mut steps = vec![
         // What the machine needs that the project does not install (a few
         // seconds): every missing tool named at once, before any build.
@@ -323,7 +202,7 @@ fn steps() -> Vec<Step> {
             ..step(&name, 1800, &[])
         });
     }
-    steps.extend(checks());
+    steps.extend(checks(target));
     steps.push(step("charts", 600, &["xtask", "charts", "check"]));
     steps
 }
@@ -357,7 +236,9 @@ pub fn run(args: CiArgs) -> Result<()> {
     }
     let mut side_by_side_wall = Vec::new();
     let mut background = Vec::new();
-    let mut pending = steps().into_iter().peekable();
+    let target = target_dir::resolve();
+    eprintln!("ci: target directory {}", target.display());
+    let mut pending = steps(&target).into_iter().peekable();
     while let Some(first) = pending.next() {
         if first.background {
             background.push(lanes::spawn_background(
@@ -472,9 +353,20 @@ fn command_of(step: &Step, scratch: Option<&Path>) -> Command {
     let mut command = if step.program == "cargo" {
         crate::cargo_command::cargo()
     } else {
-        Command::new(step.program)
+        // A shell step's cargo sees what the cargo steps' cargos see: none
+        // of the variables `cargo run` set for xtask, which would make it
+        // rebuild ring and all above it (`crate::cargo_command`).
+        let mut command = Command::new(step.program);
+        for (name, value) in crate::cargo_command::cargo().get_envs() {
+            if value.is_none() {
+                command.env_remove(name);
+            }
+        }
+        command
     };
-    command.args(&step.args).envs(step.env.iter().copied());
+    command
+        .args(&step.args)
+        .envs(step.env.iter().map(|(k, v)| (k, v)));
     if let Some(dir) = scratch {
         command.env("TMPDIR", dir);
     }

@@ -8,12 +8,18 @@
 //! the CNI plugins from Debian, helm, checkov) is not checked here, only what
 //! those installs and the builds start from. The one network check, the
 //! Python package index, runs only while checkov is not yet cached.
+//!
+//! It also compares free disk with what `demo`, `ci` and `e2e --cluster
+//! kind` write, less what is there already ([`disk`]): a shortfall is a
+//! warning, since the figures are upper bounds.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Result, bail};
+
+mod disk;
 
 /// What is checked, and how.
 #[derive(Debug, Clone, Copy)]
@@ -282,9 +288,50 @@ fn report(host: &Host) -> (Vec<String>, Vec<&'static str>) {
     (lines, missing)
 }
 
-/// Checks every prerequisite on this machine; fails naming each missing one.
+/// Checks every prerequisite on this machine, and its free disk; fails
+/// naming each missing prerequisite (a disk that looks short is a warning).
 pub fn run() -> Result<()> {
-    check(&Host::current())
+    let prerequisites = check(&Host::current());
+    for line in fetched_go_lines() {
+        eprintln!("doctor: {line}");
+    }
+    for line in disk::report(&disk::Workload::ALL) {
+        eprintln!("doctor: {line}");
+    }
+    prerequisites
+}
+
+/// One line per Go toolchain a Kubernetes release needs beyond the local
+/// Go (1.38 asks for Go 1.27): which, and whether it is cached or will be
+/// fetched through the Go module proxy on the first build.
+fn fetched_go_lines() -> Vec<String> {
+    use local_cluster::go_toolchain::{GO_TOOLCHAINS, cached, go_directive};
+    let mut lines = Vec::new();
+    for release in local_cluster::versions::RELEASES {
+        let go_mod = crate::paths::repo_root()
+            .join(release.module_dir())
+            .join("go.mod");
+        let Some((major, minor, _)) = std::fs::read_to_string(&go_mod)
+            .ok()
+            .as_deref()
+            .and_then(go_directive)
+        else {
+            continue;
+        };
+        let wanted = format!("{major}.{minor}");
+        if let Some((_, pinned)) = GO_TOOLCHAINS.iter().find(|(m, _)| *m == wanted) {
+            let state = match cached(pinned) {
+                Some(go) => format!("cached at {}", go.display()),
+                None => "fetched through the Go module proxy on its first build".into(),
+            };
+            lines.push(format!(
+                "Kubernetes 1.{} asks for Go {wanted}: it builds with {pinned}, {state} \
+                 (a local Go that new is used instead)",
+                release.minor
+            ));
+        }
+    }
+    lines
 }
 
 pub(crate) fn check(host: &Host) -> Result<()> {

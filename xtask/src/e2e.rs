@@ -71,7 +71,10 @@ pub struct E2eArgs {
     /// Scratch directory (fixtures, kubeconfig, generated configs).
     #[arg(long, default_value = ".e2e")]
     pub work_dir: PathBuf,
-    /// Leave the scenarios' cluster running (until Ctrl-C) after they ran.
+    /// Leave the cluster running after the run. `--cluster local`: only the
+    /// scenarios run (host-process testbed), their cluster up until Ctrl-C.
+    /// `--cluster kind`: the kind cluster stays, also when its bring-up or
+    /// the scenarios fail; without `--keep` it is deleted, failed run or not.
     #[arg(long)]
     pub keep: bool,
     /// Run the drivers as the container image builds them (release profile,
@@ -233,8 +236,11 @@ fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
         args.testbed.targets()
     };
     let mut test = crate::cargo_command::cargo();
+    // Every test target runs even when one fails (the cluster proof test
+    // after a failed scenario target, say); cargo then names each target
+    // that failed in its last lines.
     test.current_dir(root)
-        .args(["test", "--locked", "-p", "e2e"])
+        .args(["test", "--locked", "--no-fail-fast", "-p", "e2e"])
         .env("AWS_DRA_BIN_DIR", &bin_dir)
         .env("AWS_DRA_K8S_VERSION", version.to_string());
     if testbeds.iter().any(|t| t.1 == "scenarios") && !args.keep {
@@ -322,7 +328,7 @@ fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
         return Ok(());
     }
     let t = Instant::now();
-    let kubeconfig = crate::kind::bring_up(work, &bin_dir, &probe, &setup)?;
+    let kubeconfig = crate::kind::bring_up(work, &bin_dir, &probe, &setup, args.keep)?;
     let bring_up_s = t.elapsed().as_secs_f64();
     let figures = work.join("figures-kind.json");
     let _ = std::fs::remove_file(&figures);

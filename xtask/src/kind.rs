@@ -265,6 +265,9 @@ pub fn prepare_images(
             node
         }
     };
+    // Every image of the run is built by now (the driver image, the base
+    // and node images): their build cache is not needed again.
+    crate::docker::prune_build_cache();
     Ok(KindSetup {
         kind,
         images,
@@ -276,8 +279,39 @@ pub fn prepare_images(
 /// Brings up the kind cluster of [`default_nodes`] with the images loaded
 /// (the charts are installed by the scenarios' testbed). `bin_dir` holds the
 /// three driver binaries, `probe_archive` the probe image. Returns the
-/// kubeconfig path.
+/// kubeconfig path. When a step fails, the cluster is deleted (eight nodes,
+/// each holding its copy of the loaded images: issue 53 found a failed run's
+/// cluster left running), unless `keep`.
 pub fn bring_up(
+    work: &Path,
+    bin_dir: &Path,
+    probe_archive: &Path,
+    setup: &KindSetup,
+    keep: bool,
+) -> Result<PathBuf> {
+    let result = create_and_load(work, bin_dir, probe_archive, setup);
+    if let Err(e) = &result {
+        after_failure(&setup.kind, keep, &format!("bring-up failed: {e:#}"));
+    }
+    result
+}
+
+/// What happens to the cluster after a failed step: kept (and said so)
+/// with `keep`, else deleted.
+fn after_failure(kind: &Path, keep: bool, why: &str) {
+    eprintln!("==> e2e(kind): {why}");
+    if keep {
+        eprintln!(
+            "==> e2e(kind): cluster {CLUSTER_NAME}, if created, left running (--keep); \
+             `kind export logs --name {CLUSTER_NAME}` saves its logs, \
+             `kind delete cluster --name {CLUSTER_NAME}` removes it"
+        );
+    } else if let Err(e) = delete(kind) {
+        eprintln!("==> e2e(kind): the failed run's cluster could not be deleted: {e:#}");
+    }
+}
+
+fn create_and_load(
     work: &Path,
     bin_dir: &Path,
     probe_archive: &Path,

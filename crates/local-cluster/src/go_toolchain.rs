@@ -145,6 +145,11 @@ impl GoToolchain {
     }
 }
 
+/// Where toolchain `name` (`go1.27.3`) is cached, if it has been fetched.
+pub fn cached(name: &str) -> Option<PathBuf> {
+    cached_toolchain(&cache_root().join("go/mod/golang.org"), name)
+}
+
 /// The `go` binary of toolchain `name` in the module cache's `golang.org`
 /// directory (`toolchain@v0.0.1-go1.27.3.linux-amd64/bin/go`).
 fn cached_toolchain(golang_org: &Path, name: &str) -> Option<PathBuf> {

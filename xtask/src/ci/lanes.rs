@@ -216,7 +216,7 @@ mod tests {
             name: name.into(),
             program: "sh",
             args: vec!["-c".into(), script.into()],
-            env: &[],
+            env: Vec::new(),
             lane: Some(lane.into()),
             background: false,
             nice: false,
@@ -252,7 +252,7 @@ mod tests {
                 name: name.into(),
                 program: self.program,
                 args: self.args.clone(),
-                env: self.env,
+                env: self.env.clone(),
                 lane: self.lane.clone(),
                 background: self.background,
                 nice: self.nice,
@@ -268,7 +268,7 @@ mod tests {
         // field 2, has no spaces here).
         let script = "test \"$CI_PROBE\" = set && cut -d' ' -f19 /proc/self/stat";
         let plain = Step {
-            env: &[("CI_PROBE", "set")],
+            env: vec![("CI_PROBE", "set".into())],
             ..sh("probe", "probe", script)
         };
         let base = niceness_of(plain.clone_named("probe"), work.path());
