@@ -48,7 +48,9 @@ pub const CDI_ROOT: &str = "/var/run/cdi";
 /// (scenario 27). kind fixes its nodes when it creates the cluster, so each
 /// is here from the start; `tests/kind_nodes.rs` fails when a scenario asks
 /// for a node this list lacks. A fixture is an instance type or a fixture
-/// name (`trn2u.48xlarge@node0`, see `sysfs_fixtures::spec`).
+/// name (`trn2u.48xlarge@node0`, see `sysfs_fixtures::spec`). The local
+/// testbeds start the same list at bring-up with `AWS_DRA_E2E_NODES=kind`
+/// ([`NodeList::Kind`]).
 pub fn roles() -> Vec<(String, String, Vec<DriverKind>)> {
     let mut nodes = crate::testbed::LocalOptions::default().nodes;
     nodes.push((
@@ -65,6 +67,62 @@ pub fn roles() -> Vec<(String, String, Vec<DriverKind>)> {
         nodes.push((role.into(), fixture.into(), vec![DriverKind::Neuron]));
     }
     nodes
+}
+
+/// The environment variable that picks the node list the scenario harness
+/// starts: [`NodeList::Kind`] for `kind`.
+pub const NODES_ENV: &str = "AWS_DRA_E2E_NODES";
+
+/// The nodes a scenario testbed has from bring-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeList {
+    /// The testbed's own: on the local testbeds p5 and trn2, and the nodes
+    /// scenarios add (`Testbed::ensure_node`) when they first need them.
+    Testbed,
+    /// kind's node list ([`roles`]), every node started at bring-up: the
+    /// node set the scenarios see on kind, without Docker, so that a
+    /// scenario that assumes fewer nodes than kind has fails here too.
+    Kind,
+}
+
+impl NodeList {
+    /// `value` of [`NODES_ENV`]: unset, empty or `testbed` for the
+    /// testbed's own list, `kind` for kind's; anything else is an error
+    /// naming both.
+    pub fn parse(value: Option<&str>) -> Result<NodeList> {
+        match value.map(str::trim) {
+            None | Some("" | "testbed") => Ok(NodeList::Testbed),
+            Some("kind") => Ok(NodeList::Kind),
+            Some(other) => Err(Error::Testbed(format!(
+                "{NODES_ENV}={other:?}: not a node list; `testbed` (or unset) for the testbed's \
+                 own nodes, `kind` for kind's (e2e::kind_host::roles)"
+            ))),
+        }
+    }
+
+    /// [`Self::parse`] of the environment.
+    pub fn from_env() -> Result<NodeList> {
+        let value = std::env::var_os(NODES_ENV).map(|v| v.to_string_lossy().into_owned());
+        NodeList::parse(value.as_deref())
+    }
+
+    /// Its name, for logs and figures.
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeList::Testbed => "testbed",
+            NodeList::Kind => "kind",
+        }
+    }
+
+    /// The `(role, fixture, drivers)` to start at bring-up
+    /// (`Testbed::ensure_node`, a no-op for a node the testbed has): none
+    /// for the testbed's own list, every kind role for kind's.
+    pub fn bring_up_nodes(self) -> Vec<(String, String, Vec<DriverKind>)> {
+        match self {
+            NodeList::Testbed => Vec::new(),
+            NodeList::Kind => roles(),
+        }
+    }
 }
 
 /// How the charts are deployed on kind: one release per chart, pod network,
@@ -385,6 +443,20 @@ impl ChartTestbed<KindHost> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_lists_are_named_by_the_environment() {
+        assert_eq!(NodeList::parse(None).unwrap(), NodeList::Testbed);
+        assert_eq!(NodeList::parse(Some(" ")).unwrap(), NodeList::Testbed);
+        assert_eq!(NodeList::parse(Some("testbed")).unwrap(), NodeList::Testbed);
+        assert_eq!(NodeList::parse(Some("kind")).unwrap(), NodeList::Kind);
+        let err = NodeList::parse(Some("KIND")).unwrap_err().to_string();
+        assert!(err.contains(NODES_ENV) && err.contains("`kind`"), "{err}");
+        assert!(NodeList::Testbed.bring_up_nodes().is_empty());
+        assert_eq!(NodeList::Kind.bring_up_nodes(), roles());
+        assert_eq!(NodeList::Kind.name(), "kind");
+        assert_eq!(NodeList::Testbed.name(), "testbed");
+    }
 
     #[test]
     fn ctr_and_proc_output_are_parsed() {

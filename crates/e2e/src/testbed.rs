@@ -330,6 +330,13 @@ pub struct Figures {
     /// `(scenario, reason)` of every scenario the release could not run.
     #[serde(default)]
     pub skipped: Vec<(String, String)>,
+    /// The node list the testbed started with (`e2e::kind_host::NodeList`:
+    /// `testbed`, or `kind` for kind's node list from bring-up).
+    #[serde(default)]
+    pub node_list: String,
+    /// The testbed's nodes at the end of the run.
+    #[serde(default)]
+    pub nodes: Vec<String>,
 }
 
 impl Figures {
@@ -343,6 +350,13 @@ impl Figures {
             self.skipped.len(),
             self.bring_up_ms as f64 / 1000.0
         )];
+        if !self.node_list.is_empty() {
+            out.push(format!(
+                "    node list `{}`; nodes at the end: {}",
+                self.node_list,
+                self.nodes.join(", ")
+            ));
+        }
         for (name, why) in &self.skipped {
             out.push(format!("    skipped {name}: {why}"));
         }

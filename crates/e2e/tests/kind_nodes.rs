@@ -10,9 +10,16 @@
 //! `for (name, fixture) in CONST` over a `const` table of string pairs in
 //! the same file; any other argument fails the test with the call, so that
 //! a new form is taught here rather than missed.
+//!
+//! The other way round, the local testbeds start kind's node list at
+//! bring-up when `AWS_DRA_E2E_NODES=kind` (`e2e::kind_host::NodeList`), so
+//! every kind role must also be a node they can start.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+
+use e2e::DriverKind;
+use sysfs_fixtures::spec::{DeviceKind, Node};
 
 /// `(role, fixture)` pairs a source asks `ensure_node` for, or the call it
 /// cannot read.
@@ -123,6 +130,56 @@ fn every_node_a_scenario_asks_for_is_a_kind_node() {
         missing.is_empty(),
         "nodes the kind cluster lacks (add them to e2e::kind_host::roles): {missing:#?}"
     );
+}
+
+/// Whether the PCIe tree below `nodes` has a device that `is` accepts.
+fn has_device(nodes: &[Node], is: &dyn Fn(&DeviceKind) -> bool) -> bool {
+    nodes.iter().any(|n| match n {
+        Node::Bridge { children, .. } => has_device(children, is),
+        Node::Device { kind, .. } => is(kind),
+    })
+}
+
+#[test]
+fn every_kind_node_is_one_the_local_testbeds_can_start() {
+    let roles = e2e::kind_host::roles();
+    let names: BTreeSet<&str> = roles.iter().map(|(role, _, _)| role.as_str()).collect();
+    assert_eq!(names.len(), roles.len(), "a role twice: {roles:?}");
+    for (role, fixture, drivers) in &roles {
+        // The node's name: the role on the host testbed, `chart-<role>` on
+        // the charts' (and the role is the value of its role label).
+        let chart_name = e2e::chart_testbed::local_host::local_node_name(role);
+        for name in [role, &chart_name] {
+            assert!(
+                local_cluster::cluster_config::is_short_dns_label(name),
+                "{name}: a local node's name must be a DNS label of at most 20 characters"
+            );
+        }
+        let spec = sysfs_fixtures::spec(fixture)
+            .unwrap_or_else(|| panic!("{role}: no fixture {fixture} (sysfs_fixtures::spec)"));
+        assert!(!drivers.is_empty(), "{role} runs no driver");
+        for kind in drivers {
+            let devices = |k: &DeviceKind| match kind {
+                DriverKind::Efa => matches!(k, DeviceKind::Efa { .. }),
+                DriverKind::Neuron => matches!(k, DeviceKind::Neuron { .. }),
+                DriverKind::GpuTest => matches!(k, DeviceKind::NvidiaGpu { .. }),
+            };
+            assert!(
+                spec.roots.iter().any(|r| has_device(&r.children, &devices)),
+                "{role}: {} has no device on {fixture}",
+                kind.binary()
+            );
+        }
+    }
+    // `ensure_node` leaves a node the testbed has as it is: the testbed's
+    // own nodes must be kind roles exactly, or a different fixture or driver
+    // set there would go unnoticed.
+    for node in e2e::LocalOptions::default().nodes {
+        assert!(
+            roles.contains(&node),
+            "the local testbeds' node {node:?} is not a kind role as it is"
+        );
+    }
 }
 
 #[test]

@@ -15,9 +15,10 @@
 //!   left of each shared counter; every command reads from it.
 //! - [`cel`]: selectors evaluated as kube-scheduler does, per Kubernetes
 //!   release ([`cel::release`]); `check` refuses what the API server
-//!   refuses, `macros` adds what the `cel` crate lacks, `reads` finds what of
-//!   `device` a selector reads (so that only that is built, and outcomes are
-//!   reused).
+//!   refuses, `macros` adds what the `cel` crate lacks (`types` the type
+//!   values, `timestamps` Go's reading of timestamps, `ordering` each
+//!   release's ordering of a NaN), `reads` finds what of `device` a selector
+//!   reads (so that only that is built, and outcomes are reused).
 //! - [`explain`]: `explain claim|pod`, one verdict per claim;
 //!   [`explain::subject`] finds what is explained (a claim, or each claim of
 //!   a pod), `request` checks one request against every device, `solve` fits

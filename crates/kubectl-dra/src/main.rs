@@ -90,8 +90,9 @@ struct Cli {
         value_parser = parse_timeout
     )]
     request_timeout: TimeoutFlag,
-    /// The Kubernetes release (1.34 to 1.37) whose CEL environment judges selectors: what its
-    /// API server refuses is reported as an invalid selector.
+    /// The Kubernetes release (1.34 to 1.38, or a version such as v1.38.0-beta.0) whose CEL
+    /// environment judges selectors: what its API server refuses is reported as an invalid
+    /// selector. A newer release is judged as 1.38, with a warning.
     #[arg(
         long = "kubernetes-version",
         global = true,

@@ -92,6 +92,46 @@ fn explain_on_trn2_exits_0() {
     assert!(out.contains("Allocatable now"), "{out}");
 }
 
+/// `--kubernetes-version` takes what an API server reports (`v1.38.0-beta.0`);
+/// a release newer than kubectl-dra models is judged as the newest, with one
+/// warning on stderr that names both, and an older one is refused.
+#[test]
+fn kubernetes_versions_newer_and_older_than_modelled() {
+    let mut a = Vec::new();
+    for f in ["classes.yaml", "trn2-efa.yaml", "trn2-neuron.yaml"] {
+        a.extend(["-f".to_string(), fixture(f)]);
+    }
+    a.extend([
+        "-f".to_string(),
+        example("neuron/neuron-4-chips-with-efas.yaml"),
+    ]);
+    a.extend(args(&["explain", "pod", "neuron-4-chips-with-efas"]));
+    let with_version = |version: &str| {
+        let mut v = args(&["--kubernetes-version", version]);
+        v.extend(a.iter().cloned());
+        run(&v)
+    };
+
+    let (code, out, err) = with_version("v1.38.0-beta.0");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!err.contains("warning"), "{err}");
+
+    let (code, out, err) = with_version("v1.39.1");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("Allocatable now"), "{out}");
+    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(warnings[0].contains("Kubernetes v1.39.1 (1.39)"), "{err}");
+    assert!(
+        warnings[0].contains("newest release kubectl-dra models (1.38)"),
+        "{err}"
+    );
+
+    let (code, _, err) = with_version("1.33");
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("is not 1.34 or later"), "{err}");
+}
+
 #[test]
 fn devices_table_and_yaml() {
     let a = vec![

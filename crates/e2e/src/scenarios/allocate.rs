@@ -4,7 +4,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use anyhow::{Result, anyhow, ensure};
+use anyhow::{Result, anyhow, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
 use super::agreement;
@@ -21,6 +22,12 @@ pub(super) fn node(tb: &impl Testbed, name: &str) -> Result<NodeInfo> {
         .into_iter()
         .find(|n| n.name == name || n.node_name == name)
         .ok_or_else(|| anyhow!("no node {name} in the testbed"))
+}
+
+/// The testbed node a pod was bound to (where a claim naming none was served).
+fn node_of(tb: &impl Testbed, pod: &Pod) -> Result<NodeInfo> {
+    let name = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    node(tb, name.unwrap_or_default())
 }
 
 fn of_driver(devs: &[Allocated], kind: DriverKind) -> Vec<Allocated> {
@@ -48,16 +55,10 @@ pub(super) fn check_efa_view(
             .ok_or_else(|| anyhow!("{}: {bdf} is not an EFA of the fixture", node.name))?;
         let path = format!("/dev/infiniband/uverbs{}", info.uverbs);
         let seen = report.devices.get(&path);
+        let minor = sysfs_fixtures::UVERBS_MINOR_BASE + info.uverbs;
+        let char_dev = format!("char {}:{minor}", sysfs_fixtures::UVERBS_MAJOR);
         ensure!(
-            seen.map(String::as_str)
-                == Some(
-                    format!(
-                        "char {}:{}",
-                        sysfs_fixtures::UVERBS_MAJOR,
-                        sysfs_fixtures::UVERBS_MINOR_BASE + info.uverbs
-                    )
-                    .as_str()
-                ),
+            seen == Some(&char_dev),
             "{path} in the container is {seen:?}"
         );
         want.insert(path);
@@ -136,20 +137,19 @@ pub(super) fn visible_cores(node: &NodeInfo, idx: &BTreeSet<u32>, lnc: u32) -> R
 pub async fn single_efa(tb: &impl Testbed, ns: &str) -> Result<()> {
     let objs = kit::example(tb, &examples_dir().join("efa/single-efa.yaml"), None)?;
     kit::apply_all(tb, ns, &objs).await?;
-    let pod = kit::running(tb, ns, "single-efa", RUNNING).await?;
-    let node_name = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+    let info = node_of(tb, &kit::running(tb, ns, "single-efa", RUNNING).await?)?;
     let devs = kit::pod_devices(tb, ns, "single-efa").await?;
     ensure!(
         devs.len() == 1 && devs[0].driver == DriverKind::Efa.driver_name(),
         "allocated {devs:?}"
     );
     ensure!(
-        devs[0].pool == node_name,
-        "EFA from pool {} for a pod on {node_name}",
-        devs[0].pool
+        devs[0].pool == info.node_name,
+        "EFA from pool {} for a pod on {}",
+        devs[0].pool,
+        info.node_name
     );
     let report = kit::probe(tb, ns, "single-efa").await?;
-    let info = node(tb, &node_name)?;
     check_efa_view(&info, &devs, &report)?;
     ensure!(
         report.devices.contains_key("/dev/infiniband/rdma_cm"),
@@ -177,21 +177,15 @@ pub async fn gpu_efa_same_root(tb: &impl Testbed, ns: &str) -> Result<()> {
         None,
     )?;
     kit::apply_all(tb, ns, &objs).await?;
-    let pod = kit::running(tb, ns, "gpu-efa-aligned", RUNNING).await?;
-    let node_name = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
-    ensure!(
-        node_name == kit::node_name(tb, "p5"),
-        "GPU pod on {node_name}"
-    );
+    // On whichever node has a GPU: the claim names none.
+    let on = node_of(tb, &kit::running(tb, ns, "gpu-efa-aligned", RUNNING).await?)?;
     let devs = kit::pod_devices(tb, ns, "gpu-efa-aligned").await?;
-    let gpus = of_driver(&devs, DriverKind::GpuTest);
-    let efas = of_driver(&devs, DriverKind::Efa);
+    let [gpus, efas] = [DriverKind::GpuTest, DriverKind::Efa].map(|k| of_driver(&devs, k));
     ensure!(gpus.len() == 1 && efas.len() == 1, "allocated {devs:?}");
     let (g, e) = (root_of(tb, &gpus[0]).await?, root_of(tb, &efas[0]).await?);
     ensure!(g == e, "GPU on {g}, EFA on {e}");
     let report = kit::probe(tb, ns, "gpu-efa-aligned").await?;
-    let p5 = node(tb, "p5")?;
-    check_efa_view(&p5, &efas, &report)?;
+    check_efa_view(&on, &efas, &report)?;
     let gpu_index = gpus[0].device.trim_start_matches("gpu-");
     ensure!(
         report
@@ -244,8 +238,6 @@ fn all_variant(all: &[Value], name: &str, selector: Option<&str>) -> Result<Valu
 /// claim may hold; and `All` over a set spanning several roots (NUMA 0's 16
 /// EFAs) is unsatisfiable. Both stay Pending with the scheduler's reason.
 pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
-    let p5 = node(tb, "p5")?;
-
     // a) allocationMode: All, root named by the selector.
     let all = kit::example(
         tb,
@@ -255,20 +247,14 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
     kit::apply_all(tb, ns, &all).await?;
     let pod = kit::pod_with_claim(tb, "all-on-root", Some("gpu-all-efas-on-root"), None, None);
     kit::apply_all(tb, ns, &[pod]).await?;
-    kit::running(tb, ns, "all-on-root", RUNNING).await?;
+    // The claims name no node: checked against the fixture of the node the
+    // scheduler chose (p5, the only GPU node the testbeds start, today).
+    let on_a = node_of(tb, &kit::running(tb, ns, "all-on-root", RUNNING).await?)?;
     let devs = kit::pod_devices(tb, ns, "all-on-root").await?;
-    let (gpus, efas) = (
-        of_driver(&devs, DriverKind::GpuTest),
-        of_driver(&devs, DriverKind::Efa),
-    );
-    let on_root: Vec<_> = p5
-        .fixture
-        .efas
-        .iter()
-        .filter(|e| e.pcie_root == "pci0000:44")
-        .collect();
+    let [gpus, efas] = [DriverKind::GpuTest, DriverKind::Efa].map(|k| of_driver(&devs, k));
+    let on_root = (on_a.fixture.efas.iter()).filter(|e| e.pcie_root == "pci0000:44");
     ensure!(
-        gpus.len() == 1 && efas.len() == on_root.len() && efas.len() == 4,
+        gpus.len() == 1 && efas.len() == on_root.count() && efas.len() == 4,
         "allocated {devs:?}"
     );
     ensure!(
@@ -282,7 +268,7 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
             e.device
         );
     }
-    check_efa_view(&p5, &efas, &kit::probe(tb, ns, "all-on-root").await?)?;
+    check_efa_view(&on_a, &efas, &kit::probe(tb, ns, "all-on-root").await?)?;
 
     // b) count: 4 on whatever root has a free GPU.
     let count = kit::example(
@@ -299,16 +285,13 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
         None,
     );
     kit::apply_all(tb, ns, &[pod]).await?;
-    kit::running(tb, ns, "count-on-root", RUNNING).await?;
+    let on_b = node_of(tb, &kit::running(tb, ns, "count-on-root", RUNNING).await?)?;
     let devs = kit::pod_devices(tb, ns, "count-on-root").await?;
-    let (gpus, efas) = (
-        of_driver(&devs, DriverKind::GpuTest),
-        of_driver(&devs, DriverKind::Efa),
-    );
+    let [gpus, efas] = [DriverKind::GpuTest, DriverKind::Efa].map(|k| of_driver(&devs, k));
     ensure!(gpus.len() == 1 && efas.len() == 4, "allocated {devs:?}");
     let root = root_of(tb, &gpus[0]).await?;
     ensure!(
-        root != "pci0000:44",
+        on_b.name != on_a.name || root != "pci0000:44",
         "second claim got the first one's root"
     );
     for e in &efas {
@@ -318,7 +301,7 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
             e.device
         );
     }
-    check_efa_view(&p5, &efas, &kit::probe(tb, ns, "count-on-root").await?)?;
+    check_efa_view(&on_b, &efas, &kit::probe(tb, ns, "count-on-root").await?)?;
 
     // c) All without naming a root. On p5 that is all 32 EFAs plus the GPU:
     // more than the 32 results a claim may hold, and the scheduler says so.
@@ -337,8 +320,15 @@ pub async fn gpu_all_efas_on_root(tb: &impl Testbed, ns: &str) -> Result<()> {
         message.contains("exceeds the claim limit of 32"),
         "scheduler said {reason}: {message}"
     );
-    // The Node's name: `p5` on the host testbed, `chart-p5` on the charts'.
-    let closest = format!("closest: node {}", kit::node_name(tb, "p5"));
+    // A GPU node is closest; named only when there is one (`p5`, `chart-p5`).
+    let gpu_nodes: Vec<String> = (tb.nodes().into_iter())
+        .filter(|n| n.drivers.contains(&DriverKind::GpuTest))
+        .map(|n| n.node_name)
+        .collect();
+    let closest = match gpu_nodes.as_slice() {
+        [only] => format!("closest: node {only}"),
+        _ => "closest: node ".to_owned(),
+    };
     agreement::names_the_reason(
         "all-any-root",
         &explained,
@@ -398,10 +388,7 @@ pub async fn neuron_groups(tb: &impl Testbed, ns: &str) -> Result<()> {
             let pod = format!("neuron-{n}-chips-with-efas");
             kit::running(tb, ns, &pod, RUNNING).await?;
             let devs = kit::pod_devices(tb, ns, &pod).await?;
-            let (chips, efas) = (
-                of_driver(&devs, DriverKind::Neuron),
-                of_driver(&devs, DriverKind::Efa),
-            );
+            let [chips, efas] = [DriverKind::Neuron, DriverKind::Efa].map(|k| of_driver(&devs, k));
             ensure!(
                 chips.len() == *n as usize && efas.len() == *n as usize,
                 "{pod}: allocated {devs:?}"
@@ -503,8 +490,28 @@ pub async fn unsatisfiable_on_trn1(tb: &impl Testbed, ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// The instance types a selector `….instanceType in ["a", "b"]` accepts
+/// (the form of `examples/cel-selectors/neuron-by-instance-type.yaml`).
+fn instance_types_in(expression: &str) -> Option<BTreeSet<String>> {
+    let (_, rest) = expression.split_once("instanceType in [")?;
+    let list = rest.split_once(']')?.0.split(',');
+    list.map(|t| Some(t.trim().strip_prefix('"')?.strip_suffix('"')?.to_owned()))
+        .collect()
+}
+
+/// The instance types the example's selector accepts, read from the file.
+fn accepted_instance_types(objs: &[Value]) -> Result<BTreeSet<String>> {
+    let t = template_of(objs)?;
+    let requests = t["spec"]["spec"]["devices"]["requests"].as_array();
+    (requests.into_iter().flatten())
+        .flat_map(|r| r["exactly"]["selectors"].as_array().into_iter().flatten())
+        .find_map(|s| instance_types_in(s["cel"]["expression"].as_str()?))
+        .ok_or_else(|| anyhow!("no selector `instanceType in [...]` in the example"))
+}
+
 /// `examples/cel-selectors/*`: each template gets a pod; the allocated
-/// devices satisfy the selector.
+/// devices satisfy the selector: only what it promises, never which node
+/// they are on (kind's trn2u nodes match the instance-type example too).
 pub async fn cel_selectors(tb: &impl Testbed, ns: &str) -> Result<()> {
     let dir = examples_dir().join("cel-selectors");
     let cases = [
@@ -515,6 +522,10 @@ pub async fn cel_selectors(tb: &impl Testbed, ns: &str) -> Result<()> {
     let mut pods = Vec::new();
     for (file, template) in cases {
         let objs = kit::example(tb, &dir.join(file), None)?;
+        let types = match template {
+            "neuron-on-trn2" => accepted_instance_types(&objs)?,
+            _ => BTreeSet::new(),
+        };
         kit::apply_all(tb, ns, &objs).await?;
         let pod = format!("cel-{template}");
         kit::apply_all(
@@ -535,15 +546,17 @@ pub async fn cel_selectors(tb: &impl Testbed, ns: &str) -> Result<()> {
                     a.device
                 ),
                 "neuron-on-trn2" => ensure!(
-                    attr_str(&d, "instanceType").as_deref() == Some("trn2.48xlarge"),
-                    "{pod}: {} not on trn2",
-                    a.device
+                    attr_str(&d, "instanceType").is_some_and(|t| types.contains(&t)),
+                    "{pod}: {} of {} has an instanceType outside {types:?}",
+                    a.device,
+                    a.pool
                 ),
-                _ => ensure!(
+                "neuron-recent-driver" => ensure!(
                     attr_str(&d, "neuronDriverVersion").is_some_and(|v| v.starts_with("2.")),
                     "{pod}: {} neuronDriverVersion",
                     a.device
                 ),
+                other => bail!("{pod}: no check for template {other}"),
             }
         }
         pods.push(pod);
@@ -563,5 +576,24 @@ mod tests {
         assert_eq!(range_list(vec![8, 9, 0, 1]), "0-1,8-9");
         assert_eq!(range_list(vec![5]), "5");
         assert_eq!(range_list(vec![]), "");
+    }
+
+    /// s12 reads the accepted instance types from the example file, which
+    /// must keep a form it can read.
+    #[test]
+    fn s12_reads_the_instance_types_of_its_example() {
+        let file = examples_dir().join("cel-selectors/neuron-by-instance-type.yaml");
+        let types = accepted_instance_types(&crate::manifests::read(&file).unwrap()).unwrap();
+        let want = ["trn2.48xlarge", "trn2u.48xlarge"].map(String::from);
+        assert_eq!(types, BTreeSet::from(want));
+        let one = instance_types_in(r#"x.instanceType in [ "a.b" ]"#);
+        assert_eq!(one, Some(BTreeSet::from(["a.b".to_owned()])));
+        for other in [
+            r#"x.instanceType == "a""#,
+            "x.instanceType in []",
+            "x.instanceType in [",
+        ] {
+            assert_eq!(instance_types_in(other), None, "{other}");
+        }
     }
 }

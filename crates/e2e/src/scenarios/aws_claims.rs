@@ -291,7 +291,14 @@ pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
     for g in ["g2a", "g2b"] {
         let template = node_template(&format!("{g}-node"), 2);
         let group = run_group(tb, ns, g, 2, &template, base_pod, LABEL_SERVER_ID_2).await?;
-        let server: BTreeSet<String> = group.iter().map(|(n, _)| ids[n].0.clone()).collect();
+        let server = group
+            .iter()
+            .map(|(n, _)| {
+                ids.get(n)
+                    .map(|(id2, _)| id2.clone())
+                    .ok_or_else(|| anyhow!("{g}: a pod on {n}, not an UltraServer node"))
+            })
+            .collect::<Result<BTreeSet<String>>>()?;
         ensure!(server.len() == 1, "{g} spans 2-node sets: {group:?}");
         let env_ids = env_values(&group, "NEURON_RT_ULTRASERVER_SERVER_ID");
         let node_ids = env_values(&group, "NEURON_RT_ULTRASERVER_NODE_ID");

@@ -377,7 +377,7 @@ async fn held_by_another_claim(tb: &impl Testbed, ns: &str) -> Result<()> {
                 "wants-one",
                 json!({"name": "efa", "exactly": {"deviceClassName": efa, "selectors": trn2_efa}}),
             ),
-            kit::pod_with_claim(tb, "wants-one", None, Some("wants-one"), None),
+            kit::pod_with_claim(tb, "wants-one", None, Some("wants-one"), Some("trn2")),
         ],
     )
     .await?;

@@ -93,6 +93,13 @@ pub async fn no_silent_clash(tb: &impl Testbed, ns: &str) -> Result<()> {
 }
 
 async fn dranet_beside_efa(tb: &impl Testbed, ns: &str) -> Result<()> {
+    // Asked for here, not left to an earlier scenario having started it.
+    tb.ensure_node(
+        "trn1",
+        "trn1.32xlarge",
+        &[DriverKind::Efa, DriverKind::Neuron],
+    )
+    .await?;
     let trn1 = node(tb, "trn1")?;
     let node_name = trn1.node_name.clone();
     let total = DriverKind::Efa.expected_devices(&trn1.fixture);

@@ -1,10 +1,16 @@
 //! The scenario harness shared by `tests/scenarios.rs` (drivers as host
 //! processes) and `tests/scenarios_chart.rs` (drivers from the Helm charts).
+//!
+//! `AWS_DRA_E2E_NODES=kind` (`e2e::kind_host::NodeList`) starts every node
+//! of kind's node list at bring-up, so that the scenarios see the node set
+//! they see on kind; unset, the testbed starts its own nodes and scenarios
+//! add the rest when they first need them.
 
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use e2e::kind_host::{NODES_ENV, NodeList};
 use e2e::scenarios::{self, SCENARIOS};
 use e2e::{Figures, ManagedTestbed};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -21,12 +27,14 @@ struct Shared<B: ManagedTestbed + 'static> {
     runtime: tokio::runtime::Runtime,
     /// `None` until the first scenario starts it; `Err` when bring-up failed.
     testbed: Mutex<Option<Result<Arc<B>, String>>>,
-    /// Set when the testbed came up but a kubelet did not register one of
-    /// its drivers: every scenario fails with it, and the testbed is still
-    /// torn down at the end.
-    unregistered: Mutex<Option<String>>,
+    /// Set when the testbed came up but a node of the node list did not
+    /// start or a kubelet did not register one of its drivers: every
+    /// scenario fails with it, and the testbed is still torn down at the end.
+    incomplete: Mutex<Option<String>>,
     bring_up_ms: Mutex<u64>,
     start: Start<B>,
+    /// The nodes the testbed starts with (`AWS_DRA_E2E_NODES`).
+    node_list: NodeList,
 }
 
 impl<B: ManagedTestbed + 'static> Shared<B> {
@@ -37,26 +45,44 @@ impl<B: ManagedTestbed + 'static> Shared<B> {
             .map_err(|_| Failed::from("state poisoned"))?;
         if guard.is_none() {
             let started = Instant::now();
+            let extra = self.node_list.bring_up_nodes();
+            eprintln!(
+                "aws-dra-e2e: {}",
+                describe_node_list(self.node_list, &extra)
+            );
             let result = self
                 .runtime
                 .block_on((self.start)())
                 .map(Arc::new)
                 .map_err(|e| format!("testbed bring-up failed: {e}"));
-            // A complete pool comes before the kubelet knows the driver; a
-            // pod in between fails its prepare and waits a minute for the
-            // kubelet's next sync of it. Part of bring-up, so every
-            // scenario starts from registered drivers.
             if let Ok(tb) = &result {
-                let registered = self
-                    .runtime
-                    .block_on(scenarios::registration::all_registered(
-                        tb.as_ref(),
-                        REGISTERED_AT_START,
-                    ));
-                if let Err(e) = registered {
-                    let why = format!("testbed bring-up failed: {e:#}");
+                // Every node of the list, as a scenario would add it; a node
+                // the testbed started already is left as it is.
+                let added = self.runtime.block_on(async {
+                    for (name, fixture, drivers) in &extra {
+                        tb.ensure_node(name, fixture, drivers)
+                            .await
+                            .map_err(|e| format!("starting node {name} ({fixture}): {e}"))?;
+                    }
+                    Ok::<(), String>(())
+                });
+                // A complete pool comes before the kubelet knows the driver;
+                // a pod in between fails its prepare and waits a minute for
+                // the kubelet's next sync of it. Part of bring-up, so every
+                // scenario starts from registered drivers.
+                let complete = added.and_then(|()| {
+                    self.runtime
+                        .block_on(scenarios::registration::all_registered(
+                            tb.as_ref(),
+                            REGISTERED_AT_START,
+                        ))
+                        .map(|_| ())
+                        .map_err(|e| format!("{e:#}"))
+                });
+                if let Err(e) = complete {
+                    let why = format!("testbed bring-up failed: {e}");
                     eprintln!("aws-dra-e2e: {why}");
-                    if let Ok(mut u) = self.unregistered.lock() {
+                    if let Ok(mut u) = self.incomplete.lock() {
                         *u = Some(why);
                     }
                 }
@@ -65,15 +91,17 @@ impl<B: ManagedTestbed + 'static> Shared<B> {
                 *ms = started.elapsed().as_millis() as u64;
             }
             if let Ok(tb) = &result {
+                let nodes: Vec<String> = tb.nodes().into_iter().map(|n| n.name).collect();
                 eprintln!(
-                    "aws-dra-e2e: testbed up in {:.1}s; KUBECONFIG={}",
+                    "aws-dra-e2e: testbed up in {:.1}s with nodes {}; KUBECONFIG={}",
                     started.elapsed().as_secs_f64(),
+                    nodes.join(", "),
                     tb.admin_kubeconfig().display()
                 );
             }
             *guard = Some(result);
         }
-        if let Some(why) = self.unregistered.lock().ok().and_then(|u| u.clone()) {
+        if let Some(why) = self.incomplete.lock().ok().and_then(|u| u.clone()) {
             return Err(why.into());
         }
         match guard.as_ref() {
@@ -84,9 +112,30 @@ impl<B: ManagedTestbed + 'static> Shared<B> {
     }
 }
 
+/// The bring-up log line that says which node list is in use.
+fn describe_node_list(list: NodeList, extra: &[(String, String, Vec<e2e::DriverKind>)]) -> String {
+    if extra.is_empty() {
+        return format!(
+            "node list `{}`: the nodes the testbed starts itself (p5 and trn2 on the local \
+             testbeds, scenarios adding theirs when they first need them; {NODES_ENV}=kind \
+             starts kind's node list at bring-up)",
+            list.name()
+        );
+    }
+    let nodes: Vec<String> = extra.iter().map(|(n, f, _)| format!("{n} ({f})")).collect();
+    format!(
+        "node list `{}` ({NODES_ENV}): {} nodes started at bring-up, as on kind: {}",
+        list.name(),
+        extra.len(),
+        nodes.join(", ")
+    )
+}
+
 fn figures<B: ManagedTestbed + 'static>(shared: &Shared<B>, tb: &B) -> Figures {
     let mut f = Figures {
         bring_up_ms: shared.bring_up_ms.lock().map(|m| *m).unwrap_or(0),
+        node_list: shared.node_list.name().to_string(),
+        nodes: tb.nodes().into_iter().map(|n| n.name).collect(),
         ..Default::default()
     };
     for (node, kind, d) in tb.start_times() {
@@ -141,6 +190,13 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
         )
         .with_writer(std::io::stderr)
         .try_init();
+    let node_list = match NodeList::from_env() {
+        Ok(list) => list,
+        Err(e) => {
+            eprintln!("aws-dra-e2e: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut args = Arguments::from_args();
     // One cluster, scenarios in order.
     args.test_threads = Some(1);
@@ -157,9 +213,10 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
             }
         },
         testbed: Mutex::new(None),
-        unregistered: Mutex::new(None),
+        incomplete: Mutex::new(None),
         bring_up_ms: Mutex::new(0),
         start,
+        node_list,
     });
     // Scenarios the release or the testbed cannot run are reported as
     // ignored, with the reason here and in the figures, never left out

@@ -8,9 +8,10 @@
 //!   macros in cel-go; the `cel` crate's parser only expands the standard
 //!   ones and leaves these as calls, which arrive here with their arguments
 //!   unevaluated, so each binds its variables in an inner scope itself.
-//! - `includes` (Kubernetes lists v1, 1.37) is missing from kube-cel, `dyn`
-//!   from `cel`, and kube-cel's `reverse` also takes strings, which the
-//!   DRA environment's strings v2 does not.
+//! - `includes` (Kubernetes lists v1, 1.37) and `isMask` (CIDR v1, 1.38)
+//!   are missing from kube-cel, `dyn`, `bool`, `optional.unwrap` and
+//!   `unwrapOpt` (optional types v2) from `cel`, and kube-cel's `reverse` also takes
+//!   strings, which the DRA environment's strings v2 does not.
 //!
 //! Drop each one here when a crate release provides it.
 
@@ -41,8 +42,19 @@ pub(super) fn register(ctx: &mut Context<'static>) {
     ctx.add_function("transformMapEntry", transform_map_entry);
     ctx.add_function("sortBy", sort_by);
     ctx.add_function("includes", includes);
+    ctx.add_function("isMask", is_mask);
+    ctx.add_function("optional.unwrap", |ftx: &FunctionContext| {
+        let [list] = ftx.args else {
+            return Err(ftx.error("expects one argument"));
+        };
+        unwrap_optionals(ftx, ftx.ptx.resolve(list)?)
+    });
+    ctx.add_function("unwrapOpt", |ftx: &FunctionContext| {
+        unwrap_optionals(ftx, this(ftx)?)
+    });
     ctx.add_function("reverse", reverse);
     ctx.add_function("dyn", dyn_);
+    ctx.add_function("bool", bool_);
     ctx.add_function("optMap", |ftx: &FunctionContext| opt_map(ftx, false));
     ctx.add_function("optFlatMap", |ftx: &FunctionContext| opt_map(ftx, true));
     ctx.add_function("format.named", format_named);
@@ -130,6 +142,49 @@ fn equal(ftx: &FunctionContext, a: &Value, b: &Value) -> Result<bool> {
 thread_local! {
     static COMPARE: Option<Expression> =
         kube_cel::cel::parser::Parser::new().parse("a.compareTo(b)").ok();
+    /// kube-cel keeps a CIDR's network private: `isMask` compares with
+    /// kube-cel's `masked()` of the same CIDR.
+    static IS_MASK: Option<Expression> =
+        kube_cel::cel::parser::Parser::new().parse("c.masked() == c").ok();
+}
+
+/// `cidr.isMask()` (CIDR library v1, Kubernetes 1.38): whether every bit
+/// after the prefix is 0, as in `cidr("10.0.0.0/8")` but not
+/// `cidr("10.0.0.1/8")`.
+fn is_mask(ftx: &FunctionContext) -> Result<Value> {
+    let cidr = this(ftx)?;
+    if !matches!(&cidr, Value::Opaque(o) if o.runtime_type_name() == "net.CIDR") {
+        return Err(ftx.error(format!("no such overload: isMask() of {}", cidr.type_of())));
+    }
+    let mut scope = ftx.ptx.new_inner_scope();
+    scope.add_variable_from_value("c", cidr);
+    let is_mask = IS_MASK.with(|e| e.clone());
+    let is_mask = is_mask.ok_or_else(|| ftx.error("cannot parse masked()"))?;
+    scope.resolve(&is_mask)
+}
+
+/// `optional.unwrap(list)` and `list.unwrapOpt()` (optional types v2): the
+/// values of the optionals that have one, in order.
+fn unwrap_optionals(ftx: &FunctionContext, list: Value) -> Result<Value> {
+    let Value::List(items) = list else {
+        return Err(ftx.error(format!("no such overload for {}", list.type_of())));
+    };
+    let mut values = Vec::with_capacity(items.len());
+    for item in items.iter() {
+        match item {
+            Value::Opaque(o) => match o.downcast_ref::<OptionalValue>() {
+                Some(optional) => values.extend(optional.value().cloned()),
+                None => return Err(ftx.error("the list holds a value that is not an optional")),
+            },
+            other => {
+                return Err(ftx.error(format!(
+                    "the list holds a {}, not an optional",
+                    other.type_of()
+                )));
+            }
+        }
+    }
+    Ok(Value::List(Arc::new(values)))
 }
 
 /// `opt.optMap(x, expr)` and `opt.optFlatMap(x, expr)` (optional types):
@@ -194,6 +249,25 @@ fn dyn_(ftx: &FunctionContext) -> Result<Value> {
         return Err(ftx.error("expects one argument"));
     };
     ftx.ptx.resolve(x)
+}
+
+/// `bool(x)`, which the `cel` crate lacks: a bool as is, a string as Go's
+/// `strconv.ParseBool` reads it.
+fn bool_(ftx: &FunctionContext) -> Result<Value> {
+    let [x] = ftx.args else {
+        return Err(ftx.error("expects one argument"));
+    };
+    match ftx.ptx.resolve(x)? {
+        Value::Bool(b) => Ok(Value::Bool(b)),
+        Value::String(s) => match s.as_str() {
+            "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(Value::Bool(true)),
+            "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(Value::Bool(false)),
+            _ => Err(ftx.error(format!(
+                "type conversion error from 'string' to 'bool': {s:?}"
+            ))),
+        },
+        other => Err(ftx.error(format!("no such overload: bool({})", other.type_of()))),
+    }
 }
 
 /// `reverse()` of lists extension v2. kube-cel also reverses strings (cel-go

@@ -5,8 +5,10 @@
 //! `capacity` and `allowMultipleAllocations`, plus the Kubernetes libraries
 //! each release enables ([`release`]). The `cel` crate supplies the language
 //! and `kube-cel` the Kubernetes libraries; `macros` adds what neither has
-//! yet, `check` refuses what the API server refuses, and this module papers
-//! over three differences of the `cel` crate:
+//! yet, `types` the type values (`type(x) == int`), `timestamps` reads
+//! timestamps as Go does, `ordering` orders a NaN as each release does,
+//! `check` refuses what the API server refuses, and this module papers over
+//! these differences of the `cel` crate:
 //!
 //! - `device.attributes["some.domain"]` of a domain the device has nothing in
 //!   is an empty map in Kubernetes, a missing key in a plain map: the index
@@ -16,7 +18,12 @@
 //!   index `_[?_]`, which the crate implements as the spec says.
 //! - `==` and `!=` compare by type first in the crate; they are rewritten to
 //!   functions that compare as cel-go does (numbers across int, uint and
-//!   double; quantities and versions by value), see `macros`.
+//!   double; quantities and versions by value), see `macros`. `<`, `<=`,
+//!   `>` and `>=` are rewritten to functions that order a NaN as the
+//!   release's scheduler does, see `ordering`.
+//! - a qualified type name (`net.IP`, `google.protobuf.Duration`) is a
+//!   field selection to the crate; it is rewritten to one identifier, the
+//!   variable that holds the type, see `types`.
 //!
 //! Outcomes keep apart an invalid selector (the API server refuses it), what
 //! the scheduler would also fail on at run time (a missing attribute read
@@ -26,8 +33,11 @@
 mod check;
 mod guard;
 mod macros;
+mod ordering;
 mod reads;
 pub mod release;
+mod timestamps;
+mod types;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -44,7 +54,7 @@ use kube_cel::cel::{Context, ExecutionError, Value};
 pub use self::check::MAX_LENGTH;
 use self::reads::MemoKey;
 pub use self::reads::Reads;
-pub use self::release::Release;
+pub use self::release::{KubernetesVersion, Release};
 
 /// What one selector says about one device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,14 +201,20 @@ impl Selector {
     }
 
     pub fn evaluate(&self, env: &Environment, device: &DeviceValue) -> Outcome {
+        match self.invalid(env.release) {
+            Some(reason) => Outcome::Invalid(reason),
+            None => self.evaluate_stored(env, device),
+        }
+    }
+
+    /// What the scheduler of the release makes of the selector when it is
+    /// stored, whether or not its API server accepts it as new.
+    fn evaluate_stored(&self, env: &Environment, device: &DeviceValue) -> Outcome {
         let expr = match &self.program {
             Ok(expr) => expr,
             Err(Refusal::Invalid(m)) => return Outcome::Invalid(m.clone()),
             Err(Refusal::Unsupported(m)) => return Outcome::Unsupported(m.clone()),
         };
-        if let Some(reason) = self.invalid(env.release) {
-            return Outcome::Invalid(reason);
-        }
         let mut scope = env.base.new_inner_scope();
         scope.add_variable_from_value("device", device.0.clone());
         let result = guard::guarded(|| scope.resolve(expr));
@@ -229,12 +245,21 @@ fn classify(error: ExecutionError) -> Outcome {
             Outcome::Unsupported(format!("not supported by the CEL interpreter: {error}"))
         }
         ExecutionError::NoSuchKey(key) => Outcome::RuntimeError(format!("no such key: {key}")),
+        ExecutionError::FunctionError { message, .. }
+            if message.starts_with(timestamps::CANNOT) =>
+        {
+            Outcome::Unsupported(message)
+        }
         other => Outcome::RuntimeError(other.to_string()),
     }
 }
 
 /// Rewrites the parsed expression to the Kubernetes semantics (see module docs).
 fn rewrite(expr: &mut IdedExpr) {
+    if let Some(name) = types::qualified_type_name(expr) {
+        expr.expr = Expr::Ident(name.to_string());
+        return;
+    }
     match &mut expr.expr {
         Expr::Call(call) => {
             if let Some(target) = call.target.as_deref_mut() {
@@ -249,6 +274,8 @@ fn rewrite(expr: &mut IdedExpr) {
                 call.func_name = macros::EQUALS.to_string();
             } else if call.func_name == operators::NOT_EQUALS {
                 call.func_name = macros::NOT_EQUALS.to_string();
+            } else if let Some(ours) = ordering::ours(&call.func_name) {
+                call.func_name = ours.to_string();
             }
             let domain_map = call.func_name == operators::INDEX
                 && call.target.is_none()
@@ -321,14 +348,14 @@ impl Default for Environment {
 }
 
 impl Environment {
-    /// The environment of the newest release we model.
+    /// The environment of the default release ([`Release::default`]).
     pub fn new() -> Self {
         Self::for_release(Release::default())
     }
 
     pub fn for_release(release: Release) -> Self {
         Environment {
-            base: base_context(),
+            base: base_context(release),
             release,
         }
     }
@@ -340,11 +367,15 @@ impl Environment {
 
 /// The interpreter's context: the standard library, kube-cel's Kubernetes
 /// libraries, and ours. Functions a release lacks are refused by the static
-/// check, not left out here: one context serves every release.
-fn base_context() -> Context<'static> {
+/// check, not left out here: what differs by release is only how its
+/// scheduler orders a NaN.
+fn base_context(release: Release) -> Context<'static> {
     let mut base = Context::default();
     base.register_all();
     macros::register(&mut base);
+    types::register(&mut base);
+    timestamps::register(&mut base);
+    ordering::register(&mut base, release.orders_nan());
     base
 }
 

@@ -1,3 +1,5 @@
+mod v1_38;
+
 use super::*;
 use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -417,7 +419,10 @@ fn every_selector_of_the_differential_test_is_decided() {
             }
         }
     }
-    assert!(count >= 4 * 200, "{count} selector evaluations");
+    assert!(
+        count >= Release::ALL.len() * 200,
+        "{count} selector evaluations"
+    );
     assert!(undecided.is_empty(), "{}", undecided.join("\n"));
 }
 
@@ -437,7 +442,27 @@ fn releases_differ_where_kubernetes_does() {
             &[Release::V1_34, Release::V1_35],
         ),
         // includes: the 1.37 environment, so no API server up to 1.37 takes it new
-        ("[1].includes(1)", &Release::ALL),
+        (
+            "[1].includes(1)",
+            &[
+                Release::V1_34,
+                Release::V1_35,
+                Release::V1_36,
+                Release::V1_37,
+            ],
+        ),
+        // comparing type values: within the cost limit from 1.38 (cel-go v0.33)
+        (
+            r#"type(device.attributes["efa.networking.k8s.aws"].efaGeneration) == int"#,
+            &[
+                Release::V1_34,
+                Release::V1_35,
+                Release::V1_36,
+                Release::V1_37,
+            ],
+        ),
+        // CIDR v1: the 1.38 environment, which no API server up to 1.38 checks against
+        (r#"cidr("10.0.0.0/8").isMask()"#, &Release::ALL),
         // semver and two-variable comprehensions are older than every release
         (r#"semver("1.0.0").major() == 1"#, &[]),
         ("[1].all(i, v, v > i)", &[]),

@@ -5,9 +5,11 @@
 use kube_cel::cel::common::ast::{CallExpr, Expr, LiteralValue, operators};
 
 use super::Checker;
-use super::library::{arguments_ok, cost, form_ok, format_clauses, receiver_ok, result_type};
+use super::library::{
+    arguments_ok, arity, cost, form_ok, format_clauses, receiver_ok, result_type,
+};
 use super::literals::literal_argument;
-use super::types::Ty;
+use super::types::{Ty, type_of};
 use crate::cel::release::function_since;
 
 impl Checker {
@@ -56,9 +58,8 @@ impl Checker {
             }
             let rest = &call.args[declares..];
             if name == "cel.bind" {
-                self.ty(&rest[0])?;
-                let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-                return self.with(&refs, |s| s.ty(&rest[1]));
+                let holds_type = matches!(self.ty(&rest[0])?, Some(Ty::Type(_)));
+                return self.with_typed(&[(names[0].as_str(), holds_type)], |s| s.ty(&rest[1]));
             }
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
             self.with(&refs, |s| {
@@ -104,6 +105,31 @@ impl Checker {
             || !form_ok(name, call.target.is_some())
         {
             return Err(self.undeclared(name));
+        }
+        let no_overload = || {
+            let listed: Vec<&str> = args.iter().map(|a| a.map_or("dyn", Ty::name)).collect();
+            format!(
+                "found no matching overload for '{name}' applied to '({})'",
+                listed.join(", ")
+            )
+        };
+        if arity(name).is_some_and(|counts| !counts.contains(&args.len())) {
+            return Err(no_overload());
+        }
+        // A type value goes into `type`, `dyn` and an optional, and into no
+        // other global function (`string(int)` has no overload).
+        let takes_types = matches!(
+            name,
+            "type" | "dyn" | "optional.of" | "optional.ofNonZeroValue"
+        );
+        if call.target.is_none()
+            && !takes_types
+            && args.iter().any(|a| matches!(a, Some(Ty::Type(_))))
+        {
+            return Err(no_overload());
+        }
+        if name == "type" {
+            return Ok(Some(type_of(args.first().copied().flatten())));
         }
         self.regex_literal(name, call)?;
         literal_argument(name, call)?;

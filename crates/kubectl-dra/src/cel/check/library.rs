@@ -29,6 +29,7 @@ pub(super) fn form_ok(name: &str, method: bool) -> bool {
             | "optional.of"
             | "optional.none"
             | "optional.ofNonZeroValue"
+            | "optional.unwrap"
             | "int"
             | "uint"
             | "double"
@@ -56,6 +57,8 @@ pub(super) fn receiver_ok(name: &str, r: Ty) -> bool {
     use Ty::*;
     let r = match r {
         Any => return true,
+        // No method takes a type value.
+        Type(_) => return false,
         r if r.is_list() => List,
         r if r.is_map() => Map,
         r => r,
@@ -76,7 +79,8 @@ pub(super) fn receiver_ok(name: &str, r: Ty) -> bool {
         | "isLinkLocalMulticast"
         | "isLinkLocalUnicast"
         | "isGlobalUnicast" => r == Ip,
-        "containsIP" | "containsCIDR" | "masked" | "prefixLength" => r == Cidr,
+        "containsIP" | "containsCIDR" | "masked" | "prefixLength" | "isMask" => r == Cidr,
+        "unwrapOpt" => r == List,
         "ip" => r == Cidr,
         "getScheme" | "getHost" | "getHostname" | "getPort" | "getEscapedPath" | "getQuery" => {
             r == Url
@@ -119,12 +123,14 @@ pub(super) fn result_type(name: &str, recv: Option<Ty>) -> Option<Ty> {
         | "sets.equivalent"
         | "sets.intersects"
         | "includes"
+        | "isMask"
         | "bool" => Bool,
         "charAt" | "lowerAscii" | "upperAscii" | "replace" | "substring" | "trim" | "join"
         | "format" | "strings.quote" | "find" | "getScheme" | "getHost" | "getHostname"
         | "getPort" | "getEscapedPath" | "string" => String,
         "split" | "findAll" => StringList,
-        "slice" | "flatten" | "lists.range" | "distinct" | "sort" => List,
+        "slice" | "flatten" | "lists.range" | "distinct" | "sort" | "optional.unwrap"
+        | "unwrapOpt" => List,
         // Lists extension only: strings v2 has no `reverse`, so on an
         // attribute the list overload is the one that matches.
         "reverse" if recv.is_some_and(|r| r.is_list() || r == Any) => List,
@@ -139,6 +145,23 @@ pub(super) fn result_type(name: &str, recv: Option<Ty>) -> Option<Ty> {
         "bytes" => Bytes,
         _ => return None,
     })
+}
+
+/// How many arguments a function of the optional types, `type` or `isMask`
+/// takes, when a fixed number. `optional.of(1).hasValue(1)` is optional
+/// types v3, which no release's environment has (1.38 pins v2).
+pub(super) fn arity(name: &str) -> Option<&'static [usize]> {
+    match name {
+        "hasValue" | "value" | "optional.none" | "unwrapOpt" | "isMask" => Some(&[0]),
+        "or"
+        | "orValue"
+        | "optional.of"
+        | "optional.ofNonZeroValue"
+        | "optional.unwrap"
+        | "type"
+        | "dyn" => Some(&[1]),
+        _ => None,
+    }
 }
 
 /// Argument types of the string functions, where the checker knows them:

@@ -5,6 +5,7 @@
 use kube_cel::cel::common::ast::{CallExpr, Expr, LiteralValue};
 
 use super::types::Ty;
+use crate::cel::timestamps;
 
 /// `cel.ValidateHomogeneousAggregateLiterals`, which the Kubernetes base
 /// environment enables: every element of a literal has the type of the
@@ -27,7 +28,8 @@ pub(super) fn homogeneous(types: &[Option<Ty>], what: &str) -> Result<(), String
 
 /// The literal arguments the API server parses when it compiles: a
 /// `duration("...")` and a `timestamp("...")` must be valid
-/// (`cel.ValidateDurationLiterals`, `cel.ValidateTimestampLiterals`).
+/// (`cel.ValidateDurationLiterals`, `cel.ValidateTimestampLiterals`; a
+/// timestamp as `timestamps` reads it).
 pub(super) fn literal_argument(name: &str, call: &CallExpr) -> Result<(), String> {
     if call.target.is_some() {
         return Ok(());
@@ -40,7 +42,9 @@ pub(super) fn literal_argument(name: &str, call: &CallExpr) -> Result<(), String
     };
     match name {
         "duration" if !go_duration(text) => Err(format!("invalid duration argument {:?}", &**text)),
-        "timestamp" if !rfc3339(text) => Err(format!("invalid timestamp argument {:?}", &**text)),
+        "timestamp" if timestamps::parse(text).is_err() => {
+            Err(format!("invalid timestamp argument {:?}", &**text))
+        }
         _ => Ok(()),
     }
 }
@@ -75,53 +79,4 @@ pub(super) fn go_duration(text: &str) -> bool {
         }
     }
     true
-}
-
-/// RFC 3339 as Go's `time.Parse(time.RFC3339, ...)` reads it:
-/// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`.
-pub(super) fn rfc3339(text: &str) -> bool {
-    let b = text.as_bytes();
-    let digits = |r: std::ops::Range<usize>| {
-        b.get(r.clone())
-            .is_some_and(|d| d.iter().all(u8::is_ascii_digit))
-            .then(|| text[r].parse::<u32>().ok())
-            .flatten()
-    };
-    let (Some(_), Some(month), Some(day), Some(hour), Some(min), Some(sec)) = (
-        digits(0..4),
-        digits(5..7),
-        digits(8..10),
-        digits(11..13),
-        digits(14..16),
-        digits(17..19),
-    ) else {
-        return false;
-    };
-    if b.len() < 20
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || b[10] != b'T'
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return false;
-    }
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || min > 59 || sec > 59 {
-        return false;
-    }
-    let mut rest = &text[19..];
-    if let Some(frac) = rest.strip_prefix('.') {
-        let n = frac
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(frac.len());
-        if n == 0 {
-            return false;
-        }
-        rest = &frac[n..];
-    }
-    match rest.as_bytes() {
-        [b'Z'] => true,
-        [b'+' | b'-', h1, h2, b':', m1, m2] => [h1, h2, m1, m2].iter().all(|d| d.is_ascii_digit()),
-        _ => false,
-    }
 }

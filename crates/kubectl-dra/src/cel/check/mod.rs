@@ -17,6 +17,10 @@
 //! `operators` checks operator overloads, and `literals` holds the rules on
 //! literals the API server applies when it compiles (homogeneous aggregates,
 //! valid durations and timestamps).
+//!
+//! Type names (`int`, `net.IP`) are values of their type (`type(int)`);
+//! a comprehension or `cel.bind` variable that holds a type is refused, as
+//! cel-go's planner fails on it ("reference to undefined type").
 
 mod calls;
 mod library;
@@ -27,7 +31,7 @@ mod types;
 use kube_cel::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 
 use self::literals::homogeneous;
-use self::types::Ty;
+use self::types::{Ty, type_name};
 use super::release::Release;
 
 /// `CELSelectorExpressionMaxLength` of `resource.k8s.io/v1`.
@@ -37,7 +41,9 @@ struct Checker {
     release: Release,
     /// The environment version new selectors are checked against.
     env: u32,
-    scopes: Vec<String>,
+    /// The variables in scope, innermost last, and whether each holds a
+    /// type value.
+    scopes: Vec<(String, bool)>,
 }
 
 /// `Err(reason)` when the API server of `release` refuses `source` (already
@@ -127,15 +133,31 @@ fn outside_strings(source: &str) -> Vec<usize> {
 
 impl Checker {
     fn bound(&self, name: &str) -> bool {
-        name == "device" || self.scopes.iter().any(|s| s == name)
+        name == "device" || self.scopes.iter().any(|(s, _)| s == name)
     }
 
     fn with<T>(&mut self, names: &[&str], f: impl FnOnce(&mut Self) -> T) -> T {
+        let typed: Vec<(&str, bool)> = names.iter().map(|n| (*n, false)).collect();
+        self.with_typed(&typed, f)
+    }
+
+    /// [`Checker::with`], each name marked when it holds a type value.
+    fn with_typed<T>(&mut self, names: &[(&str, bool)], f: impl FnOnce(&mut Self) -> T) -> T {
         let depth = self.scopes.len();
-        self.scopes.extend(names.iter().map(|n| n.to_string()));
+        self.scopes
+            .extend(names.iter().map(|(n, t)| (n.to_string(), *t)));
         let out = f(self);
         self.scopes.truncate(depth);
         out
+    }
+
+    /// Whether `name` is a variable in scope that holds a type value.
+    fn holds_type(&self, name: &str) -> bool {
+        self.scopes
+            .iter()
+            .rev()
+            .find(|(s, _)| s == name)
+            .is_some_and(|(_, t)| *t)
     }
 
     fn undeclared(&self, what: &str) -> String {
@@ -158,8 +180,12 @@ impl Checker {
                 LiteralValue::Null => Ty::Null,
             })),
             Expr::Ident(name) => {
-                if self.bound(name) {
+                if self.holds_type(name) {
+                    Err(format!("reference to undefined type: {name}"))
+                } else if self.bound(name) {
                     Ok(None)
+                } else if let Some(t) = type_name(name) {
+                    Ok(Some(t))
                 } else {
                     Err(self.undeclared(name))
                 }
@@ -167,7 +193,7 @@ impl Checker {
             Expr::Select(select) => {
                 if let Expr::Ident(name) = &select.operand.expr
                     && name == "device"
-                    && !self.scopes.iter().any(|s| s == "device")
+                    && !self.scopes.iter().any(|(s, _)| s == "device")
                 {
                     return match select.field.as_str() {
                         "driver" => Ok(Some(Ty::String)),
@@ -232,11 +258,22 @@ impl Checker {
             Expr::Comprehension(c) => {
                 self.ty(&c.iter_range)?;
                 self.ty(&c.accu_init)?;
-                let mut names = vec![c.iter_var.as_str(), c.accu_var.as_str()];
+                // Over a literal list of types, the variable holds a type.
+                let over_types = match &c.iter_range.expr {
+                    Expr::List(list) => match list.elements.first() {
+                        Some(first) => matches!(self.ty(first)?, Some(Ty::Type(_))),
+                        None => false,
+                    },
+                    _ => false,
+                };
+                let mut names = vec![
+                    (c.iter_var.as_str(), over_types && c.iter_var2.is_none()),
+                    (c.accu_var.as_str(), false),
+                ];
                 if let Some(v2) = &c.iter_var2 {
-                    names.push(v2);
+                    names.push((v2, over_types));
                 }
-                self.with(&names, |s| {
+                self.with_typed(&names, |s| {
                     s.ty(&c.loop_cond)?;
                     s.ty(&c.loop_step)
                 })?;

@@ -1,19 +1,29 @@
 //! Operators: which operand types have an overload, and the result type
 //! where the operands fix it.
+//!
+//! Type values have `==`, `!=` and `in`, no other operator. Comparing two
+//! of them, or one with an operand whose size the cost estimate does not
+//! know, is too complex for an API server before 1.38 (see
+//! [`crate::cel::release::Release::sizes_type_values`]); the checker takes
+//! every operand it cannot type as of unknown size, and an attribute as of
+//! known size (the DRA environment declares its maximum length).
 
 use kube_cel::cel::common::ast::operators;
 
 use super::Checker;
 use super::types::Ty;
-use crate::cel::macros;
+use crate::cel::{macros, ordering};
 
 impl Checker {
     pub(super) fn operator(&self, name: &str, args: &[Option<Ty>]) -> Result<Option<Ty>, String> {
         let name = match name {
             macros::EQUALS => operators::EQUALS,
             macros::NOT_EQUALS => operators::NOT_EQUALS,
-            other => other,
+            other => ordering::operator(other).unwrap_or(other),
         };
+        if let Some(result) = self.type_operands(name, args) {
+            return result;
+        }
         if name == operators::INDEX {
             return Ok(args.first().copied().flatten().and_then(Ty::element));
         }
@@ -93,6 +103,9 @@ impl Checker {
             | operators::DIVIDE
             | operators::MODULO => {
                 if let Some((a, b)) = both {
+                    if let Some(t) = time_arithmetic(name, a, b) {
+                        return Ok(Some(t));
+                    }
                     if a.same(b) == Some(false) {
                         return Err(mismatch(a, b));
                     }
@@ -107,11 +120,87 @@ impl Checker {
                 Ok(None)
             }
             operators::NEGATE => Ok(args.first().copied().flatten().filter(|t| *t != Ty::Any)),
-            operators::CONDITIONAL => Ok(match args {
+            // Both branches have one type (`_?_:_` is `(bool, A, A)`); an
+            // attribute (dyn) or a null goes with any.
+            operators::CONDITIONAL => match args {
+                [_, Some(a), Some(b)] if a == b => Ok(Some(*a)),
+                [_, Some(a), Some(b)]
+                    if ![*a, *b].iter().any(|t| matches!(t, Ty::Any | Ty::Null))
+                        && a.same(*b) == Some(false) =>
+                {
+                    Err(format!(
+                        "found no matching overload for '{name}' applied to '(bool, {}, {})'",
+                        a.name(),
+                        b.name()
+                    ))
+                }
+                _ => Ok(None),
+            },
+            _ => Ok(None),
+        }
+    }
+
+    /// The outcome of an operator on a type value, `None` when no operand
+    /// is one.
+    fn type_operands(&self, name: &str, args: &[Option<Ty>]) -> Option<Result<Option<Ty>, String>> {
+        let is_type = |a: &Option<Ty>| matches!(a, Some(Ty::Type(_)));
+        if !args.iter().any(is_type) {
+            return None;
+        }
+        let listed: Vec<&str> = args.iter().map(|a| a.map_or("dyn", Ty::name)).collect();
+        let no_overload = || {
+            Err(format!(
+                "found no matching overload for '{name}' applied to '({})'",
+                listed.join(", ")
+            ))
+        };
+        Some(match name {
+            operators::EQUALS | operators::NOT_EQUALS => {
+                let size_unknown = |a: &Option<Ty>| a.is_none() || is_type(a);
+                match args {
+                    [a, b] if size_unknown(a) && size_unknown(b) => {
+                        if self.release.sizes_type_values() {
+                            Ok(Some(Ty::Bool))
+                        } else {
+                            Err(format!(
+                                "too complex, exceeds cost limit ({name} on type values: the API server of Kubernetes {} estimates their size as unbounded; 1.38 does not)",
+                                self.release
+                            ))
+                        }
+                    }
+                    // A type against an attribute (dyn) is fine, against any
+                    // other known type there is no overload.
+                    [Some(Ty::Any), _] | [_, Some(Ty::Any)] => Ok(Some(Ty::Bool)),
+                    _ => no_overload(),
+                }
+            }
+            // `x in [int]`: membership, whatever the elements.
+            operators::IN if args.last().is_some_and(|a| !is_type(a)) => Ok(Some(Ty::Bool)),
+            operators::CONDITIONAL if args.first().is_some_and(|c| !is_type(c)) => Ok(match args {
                 [_, Some(a), Some(b)] if a == b => Some(*a),
                 _ => None,
             }),
-            _ => Ok(None),
-        }
+            operators::LOGICAL_AND | operators::LOGICAL_OR | operators::LOGICAL_NOT => {
+                Err(format!(
+                    "found no matching overload for '{name}' applied to '{}'",
+                    listed.join(", ")
+                ))
+            }
+            _ => no_overload(),
+        })
+    }
+}
+
+/// The result of `+` and `-` between timestamps and durations, which are
+/// the operands of different types these operators have.
+fn time_arithmetic(name: &str, a: Ty, b: Ty) -> Option<Ty> {
+    use Ty::{Duration, Timestamp};
+    match (name, a, b) {
+        (operators::ADD, Timestamp, Duration)
+        | (operators::ADD, Duration, Timestamp)
+        | (operators::SUBSTRACT, Timestamp, Duration) => Some(Timestamp),
+        (operators::ADD | operators::SUBSTRACT, Duration, Duration)
+        | (operators::SUBSTRACT, Timestamp, Timestamp) => Some(Duration),
+        _ => None,
     }
 }
