@@ -127,20 +127,24 @@ pub fn build_set(
     Ok(())
 }
 
-/// Empties the Go build cache (`<cache>/go/build`) once a Kubernetes release
-/// has been built: its binaries are stamped in the cache, and what the
-/// compiler kept for them (about 6 GB a release) only helps a rebuild of the
-/// same release, which a stamp makes rare. The module cache (sources, and
-/// the fetched Go toolchains) stays. `AWS_DRA_KEEP_GO_BUILD_CACHE=1` keeps it
-/// (for someone iterating on a wrapper module). Best effort: a failure is
-/// reported, never fatal.
+/// Empties the Go build cache (`<cache>/go/build`) once what a step builds
+/// is stamped in the cache (a Kubernetes release, kind's node binaries,
+/// CoreDNS): what the compiler kept for them (about 6 GB a release) only
+/// helps a rebuild of the same module, which a stamp makes rare. The module
+/// cache (sources, and the fetched Go toolchains) stays.
+/// `AWS_DRA_KEEP_GO_BUILD_CACHE=1` keeps it (for someone iterating on a
+/// wrapper module). A no-op when the cache is empty (a warm run); best
+/// effort otherwise: a failure is reported, never fatal.
 pub fn prune_build_cache(go: &GoToolchain, progress: &mut Progress) {
+    let dir = cache_root().join("go/build");
+    let before = dir_size(&dir);
+    if before < 1_000_000 {
+        return;
+    }
     if std::env::var_os("AWS_DRA_KEEP_GO_BUILD_CACHE").is_some_and(|v| v != "0") {
         progress("go build cache kept (AWS_DRA_KEEP_GO_BUILD_CACHE)");
         return;
     }
-    let dir = cache_root().join("go/build");
-    let before = dir_size(&dir);
     match run_checked(go.command(&std::env::temp_dir()).args(["clean", "-cache"])) {
         Ok(_) => progress(&format!(
             "go build cache emptied ({:.1} GB freed; the binaries are cached, \

@@ -190,6 +190,7 @@ pub fn ensure_kind_node_built(
         &stand_ins_key(&module)?,
         progress,
     )?;
+    crate::go_build::prune_build_cache(&GoToolchain::find()?, progress);
     Ok(out)
 }
 
@@ -223,6 +224,7 @@ pub fn ensure_coredns_built(tag: &str, progress: &mut Progress) -> Result<PathBu
         "",
         progress,
     )?;
+    crate::go_build::prune_build_cache(&GoToolchain::find()?, progress);
     Ok(out.join("coredns"))
 }
 
@@ -285,7 +287,6 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
     if k8s_go.version() != go.version() {
         progress(&format!("kubernetes {version}: with {}", k8s_go.version()));
     }
-    let built_before = stamped(&layout.kubernetes);
     build_set(
         &k8s_go,
         "kubernetes",
@@ -393,15 +394,9 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
     }
 
     let binaries = Binaries::locate(&version)?;
-    if built_before != stamped(&layout.kubernetes) {
-        crate::go_build::prune_build_cache(&go, progress);
-    }
+    // Everything above is stamped now: what the compiler kept is not needed.
+    crate::go_build::prune_build_cache(&go, progress);
     Ok(binaries)
-}
-
-/// The stamp of a build directory, if any: what changes when it is rebuilt.
-fn stamped(dir: &Path) -> Option<String> {
-    fs::read_to_string(dir.join(".stamp")).ok()
 }
 
 fn images_source_hash() -> Result<String> {
