@@ -45,21 +45,21 @@ pub fn stand_in_paths(dir: &Path) -> Vec<(&'static str, String)> {
 /// leaves no trace in go.sum).
 pub fn stand_ins_key(dir: &Path) -> Result<String> {
     let path = dir.join("go.mod");
-    let text = fs::read_to_string(&path).map_err(io("reading", &path))?;
+    fs::metadata(&path).map_err(io("reading", &path))?;
     let mut key = Sha256::new();
     for (module, rel) in STAND_INS {
-        let replaced = text.lines().any(|l| {
-            let l = l.trim();
-            l.starts_with(module) && l.contains("=>") && l.trim_end().ends_with(rel)
-        });
-        if !replaced {
+        if !replaces(dir, module) {
             continue;
         }
+        let root = repo_root().join(rel);
         let mut files = Vec::new();
-        collect_files(&repo_root().join(rel), &mut files)?;
+        collect_files(&root, &mut files)?;
         files.sort();
         for file in files {
-            key.update(file.to_string_lossy().as_bytes());
+            // Relative to the stand-in: the same sources in another
+            // checkout (CI's own) give the same key.
+            let name = file.strip_prefix(&root).unwrap_or(&file);
+            key.update(name.to_string_lossy().as_bytes());
             key.update(fs::read(&file).map_err(io("reading", &file))?);
         }
     }
@@ -92,4 +92,57 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The module whose stand-in reports no iptables: a release built with it
+/// must run kube-proxy in a mode that does not use iptables (`nftables`).
+pub const IPTABLES_WRAPPERS: &str = "sigs.k8s.io/iptables-wrappers";
+
+/// Whether the wrapper module at `dir` replaces `module` with our stand-in.
+/// Its go.mod names the stand-in relative to itself (committed) or by an
+/// absolute path (generated): either ends with the stand-in's directory.
+pub fn replaces(dir: &Path, module: &str) -> bool {
+    let Some((_, rel)) = STAND_INS.iter().find(|(m, _)| *m == module) else {
+        return false;
+    };
+    fs::read_to_string(dir.join("go.mod")).is_ok_and(|text| {
+        text.lines().any(|l| {
+            let l = l.trim();
+            l.starts_with(module) && l.contains("=>") && l.trim_end().ends_with(rel)
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_depends_on_the_sources_not_on_where_the_checkout_is() {
+        let committed = repo_root().join("e2e/go/kubernetes/v1.38");
+        assert!(replaces(&committed, IPTABLES_WRAPPERS));
+        assert!(!replaces(
+            &repo_root().join("e2e/go/kubernetes/v1.37"),
+            IPTABLES_WRAPPERS
+        ));
+        let key = stand_ins_key(&committed).unwrap();
+        // The same go.mod in another directory (a generated module names
+        // the stand-in by its absolute path) gives the same key.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let text = fs::read_to_string(committed.join("go.mod")).unwrap();
+        let absolute = repo_root().join("e2e/go/iptables-wrappers");
+        fs::write(
+            elsewhere.path().join("go.mod"),
+            text.replace(
+                "../../../../e2e/go/iptables-wrappers",
+                &absolute.display().to_string(),
+            ),
+        )
+        .unwrap();
+        assert!(replaces(elsewhere.path(), IPTABLES_WRAPPERS));
+        assert_eq!(stand_ins_key(elsewhere.path()).unwrap(), key);
+        // A module without the replace does not depend on the stand-in.
+        let v137 = stand_ins_key(&repo_root().join("e2e/go/kubernetes/v1.37")).unwrap();
+        assert_ne!(v137, key);
+    }
 }
