@@ -62,9 +62,11 @@ pub fn default_nodes(fixtures_root: &Path) -> Vec<FixtureNode> {
 
 /// The kind `Cluster` config as YAML. `offline`: no default CNI (kindnetd is
 /// an image from a registry; [`crate::kind_network`] wires the pods).
-/// `cgroup_v1`: the kubelet is told to run on a
-/// cgroup v1 host, which 1.35+ refuses by default.
-pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> Result<String> {
+/// `setup.cgroup_v1`: the kubelet is told to run on a cgroup v1 host, which
+/// 1.35+ refuses by default. `setup.kube_proxy_mode`: kube-proxy's mode when
+/// the release needs one other than kind's default (`iptables`).
+pub fn cluster_config(nodes: &[FixtureNode], offline: bool, setup: &ConfigSetup) -> Result<String> {
+    let cgroup_v1 = setup.cgroup_v1;
     let mut node_list = vec![json!({"role": "control-plane"})];
     for n in nodes {
         let dir = n
@@ -113,9 +115,31 @@ pub fn cluster_config(nodes: &[FixtureNode], offline: bool, cgroup_v1: bool) -> 
         config["kubeadmConfigPatches"] = Value::Array(patches);
     }
     if offline {
-        config["networking"] = json!({"disableDefaultCNI": true});
+        config["networking"]["disableDefaultCNI"] = json!(true);
+    }
+    if let Some(mode) = setup.kube_proxy_mode {
+        config["networking"]["kubeProxyMode"] = json!(mode);
     }
     to_yaml(&config)
+}
+
+/// What the cluster config takes from the host and the release.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConfigSetup {
+    /// The host runs cgroup v1 (kubelet 1.35+ refuses it unless told).
+    pub cgroup_v1: bool,
+    /// kube-proxy's mode, when not kind's default.
+    pub kube_proxy_mode: Option<&'static str>,
+}
+
+/// kube-proxy's mode for `version`: `nftables` where the release is built
+/// with our iptables stand-in (1.38+: the proxy refuses
+/// `sigs.k8s.io/iptables-wrappers`, and the stand-in reports no iptables;
+/// docs/e2e.md), kind's default otherwise.
+pub fn kube_proxy_mode(version: &e2e::KubernetesVersion) -> Option<&'static str> {
+    let module = crate::paths::repo_root().join(version.release().ok()?.module_dir());
+    local_cluster::go_stand_ins::replaces(&module, local_cluster::go_stand_ins::IPTABLES_WRAPPERS)
+        .then_some("nftables")
 }
 
 fn to_yaml(v: &Value) -> Result<String> {
@@ -151,8 +175,9 @@ pub struct KindSetup {
     pub images: KindImages,
     /// `--image` of `kind create cluster`.
     pub node_image: String,
-    /// The host runs cgroup v1 (kubelet 1.35+ refuses it unless told).
-    pub cgroup_v1: bool,
+    /// The host runs cgroup v1 (kubelet 1.35+ refuses it unless told),
+    /// and kube-proxy's mode.
+    pub config: ConfigSetup,
 }
 
 /// The message of a machine where Docker cannot be had.
@@ -272,7 +297,10 @@ pub fn prepare_images(
         kind,
         images,
         node_image,
-        cgroup_v1,
+        config: ConfigSetup {
+            cgroup_v1,
+            kube_proxy_mode: kube_proxy_mode(version),
+        },
     })
 }
 
@@ -339,7 +367,7 @@ fn create_and_load(
     }
     let config = work.join("kind-config.yaml");
     let offline = setup.images == KindImages::Offline;
-    std::fs::write(&config, cluster_config(&nodes, offline, setup.cgroup_v1)?)?;
+    std::fs::write(&config, cluster_config(&nodes, offline, &setup.config)?)?;
     let kubeconfig = work.join("kubeconfig");
     // A cluster left by an interrupted run would make `create` fail.
     let _ = Command::new(&setup.kind)
@@ -454,7 +482,7 @@ mod tests {
 
     #[test]
     fn cluster_config_has_cdi_and_one_fixture_per_role() {
-        let yaml = cluster_config(&nodes(), false, false).unwrap();
+        let yaml = cluster_config(&nodes(), false, &ConfigSetup::default()).unwrap();
         let cfg: Value = serde_saphyr::from_str(&yaml).unwrap();
         assert_eq!(cfg["apiVersion"], "kind.x-k8s.io/v1alpha4");
         assert_eq!(cfg["kind"], "Cluster");
@@ -521,8 +549,12 @@ mod tests {
 
     #[test]
     fn offline_config_has_no_default_cni_and_cgroup_v1_is_allowed() {
+        let v1_setup = ConfigSetup {
+            cgroup_v1: true,
+            kube_proxy_mode: None,
+        };
         let cfg: Value =
-            serde_saphyr::from_str(&cluster_config(&nodes(), true, true).unwrap()).unwrap();
+            serde_saphyr::from_str(&cluster_config(&nodes(), true, &v1_setup).unwrap()).unwrap();
         assert_eq!(cfg["networking"]["disableDefaultCNI"], true);
         let patches: Vec<&str> = cfg["kubeadmConfigPatches"]
             .as_array()
@@ -536,9 +568,27 @@ mod tests {
         // `preflight` (refuses cgroup v1, pulls images) must stay skipped;
         // CoreDNS is built here, so its addon runs.
         assert!(!yaml_has_skip_phases(&patches), "{patches:?}");
-        let plain: Value =
-            serde_saphyr::from_str(&cluster_config(&nodes(), false, false).unwrap()).unwrap();
+        let plain: Value = serde_saphyr::from_str(
+            &cluster_config(&nodes(), false, &ConfigSetup::default()).unwrap(),
+        )
+        .unwrap();
         assert!(plain["networking"].is_null() && plain["kubeadmConfigPatches"].is_null());
+    }
+
+    #[test]
+    fn releases_built_with_the_iptables_stand_in_run_kube_proxy_on_nftables() {
+        let v138 = e2e::KubernetesVersion::resolve("1.38").unwrap();
+        let v137 = e2e::KubernetesVersion::resolve("1.37").unwrap();
+        assert_eq!(kube_proxy_mode(&v138), Some("nftables"));
+        assert_eq!(kube_proxy_mode(&v137), None);
+        let setup = ConfigSetup {
+            cgroup_v1: true,
+            kube_proxy_mode: kube_proxy_mode(&v138),
+        };
+        let cfg: Value =
+            serde_saphyr::from_str(&cluster_config(&nodes(), true, &setup).unwrap()).unwrap();
+        assert_eq!(cfg["networking"]["kubeProxyMode"], "nftables");
+        assert_eq!(cfg["networking"]["disableDefaultCNI"], true);
     }
 
     fn yaml_has_skip_phases(patches: &[&str]) -> bool {
