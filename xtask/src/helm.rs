@@ -117,6 +117,9 @@ pub fn ensure(repo_root: &Path) -> Result<Helm> {
     );
     let started = Instant::now();
     let go_cache = cache.join("go");
+    // Held while the build reads and writes the Go build cache, which a
+    // Kubernetes build beside this one may otherwise empty.
+    let _hold = local_cluster::go_toolchain::hold_build_cache()?;
     let status = Command::new("go")
         .current_dir(&wrapper)
         .env("GOMODCACHE", go_cache.join("mod"))

@@ -69,6 +69,8 @@ pub fn ensure(repo_root: &Path) -> Result<PathBuf> {
         dir.display()
     );
     let started = Instant::now();
+    // Held while the build uses the Go build cache (see `hold_build_cache`).
+    let _hold = local_cluster::go_toolchain::hold_build_cache()?;
     let status = go(&wrapper)
         .args([
             "build",

@@ -89,6 +89,7 @@ pub fn build_set(
         return Ok(());
     }
     fs::create_dir_all(out_dir).map_err(io("creating", out_dir))?;
+    let _hold = crate::go_toolchain::hold_build_cache()?;
     let _ = fs::remove_file(&stamp);
     let total = Instant::now();
     for (i, t) in targets.iter().enumerate() {
@@ -145,6 +146,17 @@ pub fn prune_build_cache(go: &GoToolchain, progress: &mut Progress) {
         progress("go build cache kept (AWS_DRA_KEEP_GO_BUILD_CACHE)");
         return;
     }
+    let _owned = match crate::go_toolchain::try_own_build_cache() {
+        Ok(Some(file)) => file,
+        Ok(None) => {
+            progress("go build cache kept: a Go build beside this one is using it");
+            return;
+        }
+        Err(e) => {
+            progress(&format!("go build cache not emptied: {e}"));
+            return;
+        }
+    };
     match run_checked(go.command(&std::env::temp_dir()).args(["clean", "-cache"])) {
         Ok(_) => progress(&format!(
             "go build cache emptied ({:.1} GB freed; the binaries are cached, \

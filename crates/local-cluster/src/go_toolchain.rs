@@ -145,6 +145,57 @@ impl GoToolchain {
     }
 }
 
+/// A shared hold on the Go build cache (`<cache>/go/build`), for as long as
+/// a Go command that reads or writes it runs: emptying the cache
+/// ([`crate::go_build::prune_build_cache`]) needs it exclusively, and
+/// skips when anyone holds it, so a build beside a prune (two legs, kind
+/// beside an e2e run) never loses the files it is reading.
+pub struct BuildCacheHold(#[allow(dead_code)] fs::File);
+
+/// The lock file beside the build cache (`go clean -cache` empties the
+/// cache's directory, so it cannot live inside it).
+fn build_cache_lock() -> Result<fs::File> {
+    lock_file_in(&cache_root().join("go"))
+}
+
+fn lock_file_in(dir: &Path) -> Result<fs::File> {
+    fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    let path = dir.join("build.lock");
+    fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io("opening", &path))
+}
+
+/// Takes a [`BuildCacheHold`], waiting while the cache is being emptied.
+pub fn hold_build_cache() -> Result<BuildCacheHold> {
+    hold(build_cache_lock()?)
+}
+
+fn hold(file: fs::File) -> Result<BuildCacheHold> {
+    file.lock_shared()
+        .map_err(io("locking", &cache_root().join("go/build.lock")))?;
+    Ok(BuildCacheHold(file))
+}
+
+/// The build cache to empty, exclusively, or `None` while a Go command
+/// holds it.
+pub(crate) fn try_own_build_cache() -> Result<Option<fs::File>> {
+    try_own(build_cache_lock()?)
+}
+
+fn try_own(file: fs::File) -> Result<Option<fs::File>> {
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(fs::TryLockError::WouldBlock) => Ok(None),
+        Err(fs::TryLockError::Error(e)) => {
+            Err(io("locking", &cache_root().join("go/build.lock"))(e))
+        }
+    }
+}
+
 /// Where toolchain `name` (`go1.27.3`) is cached, if it has been fetched.
 pub fn cached(name: &str) -> Option<PathBuf> {
     cached_toolchain(&cache_root().join("go/mod/golang.org"), name)
@@ -212,6 +263,35 @@ mod tests {
         assert_eq!(local.release(), Some((1, 26, 8)));
         assert!(local.release().unwrap() >= (1, 26, 0));
         assert!(local.release().unwrap() < (1, 27, 0));
+    }
+
+    #[test]
+    fn the_cache_is_emptied_only_when_no_build_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = hold(lock_file_in(dir.path()).unwrap()).unwrap();
+        // Builds share it...
+        let second = hold(lock_file_in(dir.path()).unwrap()).unwrap();
+        // ...and while any holds it, nobody owns it to empty it.
+        assert!(
+            try_own(lock_file_in(dir.path()).unwrap())
+                .unwrap()
+                .is_none()
+        );
+        drop(first);
+        assert!(
+            try_own(lock_file_in(dir.path()).unwrap())
+                .unwrap()
+                .is_none()
+        );
+        drop(second);
+        let owned = try_own(lock_file_in(dir.path()).unwrap()).unwrap();
+        assert!(owned.is_some());
+        // While it is being emptied, another owner is refused too.
+        assert!(
+            try_own(lock_file_in(dir.path()).unwrap())
+                .unwrap()
+                .is_none()
+        );
     }
 
     #[test]

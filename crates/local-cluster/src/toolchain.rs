@@ -459,6 +459,7 @@ mod tests {
         for (module, rel) in crate::go_build::STAND_INS {
             let dir = repo_root().join(rel);
             let go = GoToolchain::for_module(&dir).unwrap();
+            let _hold = crate::go_toolchain::hold_build_cache().unwrap();
             let out = go
                 .command(&dir)
                 .args(["test", "-count=1", "./..."])
