@@ -77,7 +77,7 @@ const EXAMPLES: &[(&str, Option<&str>)] = &[
 pub fn run(args: DemoArgs) -> Result<()> {
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
-    let bin_dir = crate::e2e::build_prerequisites(&root, false, &version)?;
+    let bin_dir = crate::e2e::build_prerequisites(&root, false, &version, true)?;
     let kubectl = e2e::Binaries::locate(&version)?.kubectl;
     let options = LocalOptions {
         bin_dir: Some(bin_dir),

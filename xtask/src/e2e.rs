@@ -121,6 +121,7 @@ pub fn build_cluster_and_helm(root: &Path, version: &e2e::KubernetesVersion) -> 
     local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
         kubernetes_version: version.clone(),
         install_host_packages: true,
+        prune_go_build_cache: true,
         progress: Box::new(move |line| {
             eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
         }),
@@ -131,10 +132,14 @@ pub fn build_cluster_and_helm(root: &Path, version: &e2e::KubernetesVersion) -> 
 
 /// What `e2e` and `demo` need before a local cluster can start; returns the
 /// directory of the driver binaries. Prints each step's time.
+/// `prune_go_build_cache`: empty the Go build cache after the Kubernetes
+/// build (`false` for kind, whose node binaries are built from the same
+/// module next and empty it themselves).
 pub fn build_prerequisites(
     root: &Path,
     release: bool,
     version: &e2e::KubernetesVersion,
+    prune_go_build_cache: bool,
 ) -> Result<PathBuf> {
     let started = Instant::now();
     eprintln!("==> e2e: Kubernetes {version} components (cached under ~/.cache/aws-dra)");
@@ -143,6 +148,7 @@ pub fn build_prerequisites(
     local_cluster::toolchain::ensure_built(local_cluster::toolchain::BuildOptions {
         kubernetes_version: version,
         install_host_packages: true,
+        prune_go_build_cache,
         progress: Box::new(move |line| {
             eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
         }),
@@ -227,7 +233,7 @@ pub fn figures_file(work: &Path, version: &e2e::KubernetesVersion, suffix: &str)
 fn run_local(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     let started = Instant::now();
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
-    let bin_dir = build_prerequisites(root, args.release, &version)?;
+    let bin_dir = build_prerequisites(root, args.release, &version, true)?;
     let build_s = started.elapsed().as_secs_f64();
     std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let testbeds = if args.keep {
@@ -319,7 +325,7 @@ fn run_kind(root: &Path, work: &Path, args: &E2eArgs) -> Result<()> {
     crate::kind::build_driver_image(root, &build_args)?;
     // Debug builds: the charts run the drivers of the Dockerfile's image;
     // only the GPU stand-in's image is packed from these binaries.
-    let bin_dir = build_prerequisites(root, false, &version)?;
+    let bin_dir = build_prerequisites(root, false, &version, false)?;
     let setup = crate::kind::prepare_images(root, kind, args.kind_images, &version)?;
     let probe = e2e::Binaries::locate(&version)?.probe_image;
     let prepared_s = started.elapsed().as_secs_f64();

@@ -107,6 +107,7 @@ fn build_one(args: &BuildArgs, version: &KubernetesVersion) -> Result<e2e::Binar
     let binaries = toolchain::ensure_built(BuildOptions {
         kubernetes_version: version,
         install_host_packages: !args.no_host_packages,
+        prune_go_build_cache: true,
         progress: Box::new(move |line| {
             eprintln!("[{:>5.0}s] {line}", started.elapsed().as_secs_f64());
         }),

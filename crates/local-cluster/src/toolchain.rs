@@ -235,6 +235,11 @@ pub struct BuildOptions {
     pub install_host_packages: bool,
     /// Called with one human-readable line per step.
     pub progress: Progress,
+    /// Empty the Go build cache once everything is built (see
+    /// [`crate::go_build::prune_build_cache`]); `false` for a caller that
+    /// builds more from the same module next (kind's node binaries reuse
+    /// most of what the kubelet's build compiled) and empties it itself.
+    pub prune_go_build_cache: bool,
 }
 
 /// Builds whatever is missing for `options.kubernetes_version` and returns
@@ -395,7 +400,9 @@ pub fn ensure_built(mut options: BuildOptions) -> Result<Binaries> {
 
     let binaries = Binaries::locate(&version)?;
     // Everything above is stamped now: what the compiler kept is not needed.
-    crate::go_build::prune_build_cache(&go, progress);
+    if options.prune_go_build_cache {
+        crate::go_build::prune_build_cache(&go, progress);
+    }
     Ok(binaries)
 }
 
