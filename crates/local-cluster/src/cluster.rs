@@ -178,6 +178,9 @@ impl LocalCluster {
             }
         }
         let binaries = Binaries::locate(&config.kubernetes_version)?;
+        for line in crate::host_limits::raise_inotify_limits() {
+            eprintln!("aws-dra-e2e: {line}");
+        }
         let id = run_id();
         let run_dir = std::env::var_os("AWS_DRA_E2E_DIR")
             .map_or_else(|| repo_root().join("target/e2e"), PathBuf::from)

@@ -31,6 +31,7 @@ pub mod error;
 pub mod go_build;
 pub mod go_stand_ins;
 pub mod go_toolchain;
+pub mod host_limits;
 pub mod image;
 pub mod node;
 pub mod paths;
