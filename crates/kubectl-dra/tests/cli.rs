@@ -45,16 +45,27 @@ fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
-#[test]
-fn explain_pod_offline_exits_1_with_the_reason() {
+/// `flag FILE` for the device classes and `node`'s EFA and Neuron slices,
+/// then `-f` for the example pod asking for 4 chips with EFAs.
+fn node_files(flag: &str, node: &str) -> Vec<String> {
     let mut a = Vec::new();
-    for f in ["classes.yaml", "trn1-efa.yaml", "trn1-neuron.yaml"] {
-        a.extend(["--from-file".to_string(), fixture(f)]);
+    for f in [
+        "classes.yaml".to_string(),
+        format!("{node}-efa.yaml"),
+        format!("{node}-neuron.yaml"),
+    ] {
+        a.extend([flag.to_string(), fixture(&f)]);
     }
     a.extend([
         "-f".to_string(),
         example("neuron/neuron-4-chips-with-efas.yaml"),
     ]);
+    a
+}
+
+#[test]
+fn explain_pod_offline_exits_1_with_the_reason() {
+    let mut a = node_files("--from-file", "trn1");
     a.extend(args(&["explain", "pod", "neuron-4-chips-with-efas"]));
     let (code, out, err) = run(&a);
     assert_eq!(code, 1, "{out}{err}");
@@ -78,14 +89,7 @@ fn explain_pod_offline_exits_1_with_the_reason() {
 
 #[test]
 fn explain_on_trn2_exits_0() {
-    let mut a = Vec::new();
-    for f in ["classes.yaml", "trn2-efa.yaml", "trn2-neuron.yaml"] {
-        a.extend(["-f".to_string(), fixture(f)]);
-    }
-    a.extend([
-        "-f".to_string(),
-        example("neuron/neuron-4-chips-with-efas.yaml"),
-    ]);
+    let mut a = node_files("-f", "trn2");
     a.extend(args(&["explain", "pod", "neuron-4-chips-with-efas"]));
     let (code, out, err) = run(&a);
     assert_eq!(code, 0, "{out}{err}");
@@ -97,14 +101,7 @@ fn explain_on_trn2_exits_0() {
 /// warning on stderr that names both, and an older one is refused.
 #[test]
 fn kubernetes_versions_newer_and_older_than_modelled() {
-    let mut a = Vec::new();
-    for f in ["classes.yaml", "trn2-efa.yaml", "trn2-neuron.yaml"] {
-        a.extend(["-f".to_string(), fixture(f)]);
-    }
-    a.extend([
-        "-f".to_string(),
-        example("neuron/neuron-4-chips-with-efas.yaml"),
-    ]);
+    let mut a = node_files("-f", "trn2");
     a.extend(args(&["explain", "pod", "neuron-4-chips-with-efas"]));
     let with_version = |version: &str| {
         let mut v = args(&["--kubernetes-version", version]);
@@ -184,14 +181,7 @@ fn errors_name_the_file_and_the_object() {
 
 #[test]
 fn all_namespaces_finds_the_pod_or_says_where_it_is_ambiguous() {
-    let mut a = Vec::new();
-    for f in ["classes.yaml", "trn2-efa.yaml", "trn2-neuron.yaml"] {
-        a.extend(["-f".to_string(), fixture(f)]);
-    }
-    a.extend([
-        "-f".to_string(),
-        example("neuron/neuron-4-chips-with-efas.yaml"),
-    ]);
+    let mut a = node_files("-f", "trn2");
     let mut found = a.clone();
     found.extend(args(&["explain", "pod", "neuron-4-chips-with-efas", "-A"]));
     let (code, out, err) = run(&found);
