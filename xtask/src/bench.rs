@@ -18,6 +18,10 @@
 //!   EFA driver's DRA socket with no storm, a storm to `/healthz` + `/readyz`, and the same storm
 //!   to a path that does nothing (`long_runs::bench::probes`). Writes
 //!   `<work-dir>/bench-probes-<version>.json`.
+//! - `cargo xtask bench slowloris [--rounds 3] [--rate 1000] [--driver-dir DIR]`: prepare bursts
+//!   over the EFA driver's DRA socket: quiet, while a client opens slow connections (one
+//!   byte, then held) to its ops port, and the same attack on a listener of the bench's own;
+//!   the driver's peak RSS, fds and CPU, `/healthz` answers (`long_runs::bench::slowloris`). Writes `<work-dir>/bench-slowloris-<version>.json`.
 //!
 //! All start a local cluster: run them under `flock /tmp/aws-dra-e2e.lock`
 //! on a shared machine, as the end-to-end suite.
@@ -49,6 +53,36 @@ enum BenchCommand {
     /// Prepare bursts under a storm of health probes, against the same
     /// storm on a path that does nothing, and without a storm.
     Probes(ProbesArgs),
+    /// Prepare bursts and /healthz probes while a client holds slow
+    /// connections to the ops port, quiet, and with the same attack on
+    /// a listener of the bench's own.
+    Slowloris(SlowlorisArgs),
+}
+
+#[derive(clap::Args)]
+struct SlowlorisArgs {
+    /// Rounds; each runs the three conditions once, in a rotating order.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Bursts per condition per round.
+    #[arg(long, default_value_t = 3)]
+    bursts: usize,
+    /// Claims per burst (one NodePrepareResources call each, all at once).
+    #[arg(long, default_value_t = 16)]
+    claims: usize,
+    /// New slow connections per second (each sends one byte and holds).
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    /// Seconds the attack runs before the first burst of its window (above
+    /// the old 10 s header timeout, so that the bursts meet its steady state).
+    #[arg(long, default_value_t = 11)]
+    settle_secs: u64,
+    /// Run the `efa-driver` of this directory instead of the release build
+    /// (e.g. one built at an earlier commit, for a before/after figure).
+    #[arg(long)]
+    driver_dir: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(clap::Args)]
@@ -143,6 +177,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Some(BenchCommand::Neuron(neuron)) => run_neuron(neuron),
         Some(BenchCommand::Scheduler(scheduler)) => crate::bench_scheduler::run(scheduler),
         Some(BenchCommand::Probes(probes)) => run_probes(probes),
+        Some(BenchCommand::Slowloris(args)) => run_slowloris(args),
         None => run_drivers(args.drivers),
     }
 }
@@ -286,4 +321,41 @@ fn run_probes(args: ProbesArgs) -> Result<()> {
         println!("{line}");
     }
     write_json(&work.join(format!("bench-probes-{version}.json")), &report)
+}
+
+fn run_slowloris(args: SlowlorisArgs) -> Result<()> {
+    let (release_dir, version, work) = prepare(&args.common)?;
+    let bin_dir = match args.driver_dir {
+        Some(dir) => {
+            let dir = std::path::absolute(&dir)
+                .with_context(|| format!("resolving {}", dir.display()))?;
+            if !dir.join("efa-driver").is_file() {
+                bail!("no efa-driver in {}", dir.display());
+            }
+            dir
+        }
+        None => release_dir,
+    };
+    let options = long_runs::bench::slowloris::SlowlorisOptions {
+        rounds: args.rounds,
+        bursts: args.bursts,
+        claims: args.claims,
+        rate: args.rate,
+        settle: Duration::from_secs(args.settle_secs),
+        kubernetes_version: version.clone(),
+        bin_dir,
+    };
+    eprintln!(
+        "==> bench slowloris: Kubernetes {version}, {} rounds of 3 conditions x {} bursts of {} claims, {} slow connections/s",
+        args.rounds, args.bursts, args.claims, args.rate
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    let report = runtime.block_on(long_runs::bench::slowloris::run(&options))?;
+    for line in report.table() {
+        println!("{line}");
+    }
+    write_json(
+        &work.join(format!("bench-slowloris-{version}.json")),
+        &report,
+    )
 }

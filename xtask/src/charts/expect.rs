@@ -52,7 +52,8 @@ pub struct Expect {
     /// `podSecurityContext.supplementalGroups` given in values.
     pub supplemental_groups: Vec<i64>,
     pub network_policy: bool,
-    /// Peers of `networkPolicy.metricsFrom` (0: any source).
+    /// Peers of `networkPolicy.metricsFrom` (0: any source; the default
+    /// is one, the namespace `monitoring`).
     pub metrics_from: usize,
     pub host_network: bool,
     /// `(name, value)` of `extraEnv` entries.
@@ -136,7 +137,7 @@ impl Expect {
             se_linux_type: None,
             supplemental_groups: vec![],
             network_policy: true,
-            metrics_from: 0,
+            metrics_from: 1,
             host_network: false,
             extra_env: vec![],
             device_classes: std::iter::once(spec.driver.to_owned())
@@ -198,7 +199,7 @@ impl Expect {
                 )),
                 se_linux_type: Some("super_t".into()),
                 supplemental_groups: vec![1000],
-                metrics_from: 1,
+                metrics_from: 0,
                 device_classes: vec![
                     "efa.example.com".into(),
                     "efa-numa0.networking.k8s.aws".into(),
@@ -291,6 +292,9 @@ impl Expect {
             // The kind testbed's extraEnv (the short rescan interval the
             // health scenarios rely on), exactly as the testbed sets it.
             extra_env: e2e::kind_host::deployment().extra_env,
+            // Any source: the harness reads /metrics through the API
+            // server's pod proxy (`networkPolicy.metricsFrom: []`).
+            metrics_from: 0,
             ..Expect::defaults(spec)
         })
     }

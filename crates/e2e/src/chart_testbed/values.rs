@@ -66,6 +66,10 @@ pub fn release_values(
             "devRoot": paths.dev_root,
         },
         "metrics": {"port": metrics_port},
+        // The harness reads /metrics through the API server's pod proxy,
+        // which the chart's default policy (the `monitoring` namespace
+        // only) would stop on a CNI that enforces policies (kindnetd).
+        "networkPolicy": {"metricsFrom": []},
         "nodeSelector": selector,
         "podLabels": {POD_DRIVER_LABEL: kind.binary()},
         // One ServiceAccount per chart, whatever the release: the admission

@@ -21,6 +21,9 @@
 //!
 //! [`probes`]: what a storm of health probes costs prepare, against the
 //! same storm on a path that does nothing.
+//!
+//! [`slowloris`]: what thousands of slow connections to the ops port cost
+//! the driver's memory, kubelet's probes and prepare.
 
 pub mod breakdown;
 pub mod burst;
@@ -37,6 +40,8 @@ pub mod refdriver;
 mod report;
 pub mod rounds;
 pub mod scheduler;
+pub mod slowloris;
+mod slowloris_report;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

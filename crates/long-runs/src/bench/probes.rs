@@ -49,14 +49,14 @@ use e2e::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
 use local_cluster::error::{Error, Result};
 
 /// The node the driver runs on.
-const NODE: &str = "p5";
-const INSTANCE_TYPE: &str = "p5.48xlarge";
+pub(super) const NODE: &str = "p5";
+pub(super) const INSTANCE_TYPE: &str = "p5.48xlarge";
 /// How long a storm runs before the first burst of its window, so that
 /// the bursts meet a steady storm (and the probes' shared result).
 const STORM_SETTLE: Duration = Duration::from_secs(1);
 /// The pause after each burst's unprepare: the claim status writes the
 /// driver makes after each call land before the next burst.
-const BETWEEN_BURSTS: Duration = Duration::from_millis(250);
+pub(super) const BETWEEN_BURSTS: Duration = Duration::from_millis(250);
 
 /// Runs the bench on a fresh local cluster (root and the cluster's built
 /// components, like the end-to-end suite).
@@ -201,7 +201,7 @@ async fn run_window(
 
 /// The ops server's address: the `METRICS_ADDRESS` the testbed started
 /// the driver with, from the process's environment.
-fn ops_address(pid: i32) -> Result<SocketAddr> {
+pub(super) fn ops_address(pid: i32) -> Result<SocketAddr> {
     let path = format!("/proc/{pid}/environ");
     let environ = std::fs::read(&path).map_err(local_cluster::error::io("reading", &path))?;
     environ
@@ -214,7 +214,7 @@ fn ops_address(pid: i32) -> Result<SocketAddr> {
 
 /// Waits (bounded) until `/readyz` answers 200: before that it answers
 /// 503 without running the probe, and a storm would measure nothing.
-async fn wait_ready(ops: SocketAddr) -> Result<()> {
+pub(super) async fn wait_ready(ops: SocketAddr) -> Result<()> {
     let request = format!("GET /readyz HTTP/1.1\r\nHost: {ops}\r\nConnection: close\r\n\r\n");
     let t = Instant::now();
     while t.elapsed() < super::START_TIMEOUT {
@@ -232,7 +232,7 @@ async fn wait_ready(ops: SocketAddr) -> Result<()> {
 }
 
 /// The devices of `driver` in the node's pool, by name.
-async fn pool_devices(client: &kube::Client, driver: &str) -> Result<Vec<String>> {
+pub(super) async fn pool_devices(client: &kube::Client, driver: &str) -> Result<Vec<String>> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
     let slices = api
         .list(&ListParams::default().fields(&format!("spec.driver={driver}")))
@@ -252,7 +252,7 @@ async fn pool_devices(client: &kube::Client, driver: &str) -> Result<Vec<String>
 
 /// One claim per device, created and allocated to it on the node, as the
 /// scheduler would write the allocation.
-async fn allocated_claims(
+pub(super) async fn allocated_claims(
     client: &kube::Client,
     driver: &str,
     devices: &[String],
@@ -286,7 +286,7 @@ async fn allocated_claims(
 }
 
 /// The 1-minute load average of the machine.
-fn load_average() -> Option<f64> {
+pub(super) fn load_average() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()?
         .split_whitespace()
@@ -310,19 +310,19 @@ fn claim_outcome(error: Option<&String>) -> std::result::Result<(), String> {
 
 /// The driver's DRA socket, one connection for every call, as kubelet
 /// holds it.
-struct DraSocket {
+pub(super) struct DraSocket {
     prepare: Call,
     unprepare: Call,
 }
 
 /// One burst: each call's time and first call → last answer, ms.
-struct Burst {
-    calls_ms: Vec<f64>,
-    span_ms: f64,
+pub(super) struct Burst {
+    pub(super) calls_ms: Vec<f64>,
+    pub(super) span_ms: f64,
 }
 
 impl DraSocket {
-    async fn connect(path: &Path) -> Result<DraSocket> {
+    pub(super) async fn connect(path: &Path) -> Result<DraSocket> {
         let channel = unix_channel(path)
             .await
             .map_err(|e| Error::Testbed(format!("connecting to {}: {e}", path.display())))?;
@@ -361,7 +361,7 @@ impl DraSocket {
     }
 
     /// Prepares every claim at once (timed), then unprepares them all.
-    async fn burst(&self, claims: &[dra_v1::Claim]) -> Result<Burst> {
+    pub(super) async fn burst(&self, claims: &[dra_v1::Claim]) -> Result<Burst> {
         let start = Instant::now();
         let timed = claims.iter().map(|claim| {
             let call = (self.prepare)(claim.clone());

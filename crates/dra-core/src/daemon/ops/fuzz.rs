@@ -37,9 +37,9 @@ pub fn ops_exchange(input: &[u8], ready: bool, healthy: bool) -> Vec<u8> {
         }
         let readiness = Readiness::default();
         readiness.set(ready);
-        let state = Arc::new(State {
+        let state = Arc::new(State::new(
             registry,
-            health: HealthProbe::new(move || async move {
+            HealthProbe::new(move || async move {
                 if healthy {
                     Ok(())
                 } else {
@@ -47,7 +47,7 @@ pub fn ops_exchange(input: &[u8], ready: bool, healthy: bool) -> Vec<u8> {
                 }
             }),
             readiness,
-        });
+        ));
         let (client, server) = tokio::io::duplex(1 << 16);
         let connection = http1().serve_connection(
             TokioIo::new(server),
