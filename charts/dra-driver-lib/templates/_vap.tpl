@@ -68,8 +68,18 @@ spec:
 The Neuron driver patches its own Node's UltraServer labels (RBAC: nodes
 patch). RBAC cannot narrow that to one Node or to some labels, so this
 policy does: the driver's service account may update only the Node its
-token is bound to, and only labels under `$prefix`; every other label,
-the annotations and the spec stay as they were.
+token is bound to, and only labels under `$prefix`; everything else stays
+as it was. In the metadata that is every field a client can set: the other
+labels, the annotations, ownerReferences (an owner that the garbage
+collector finds gone deletes the Node), finalizers (they hold a deleted
+Node) and generateName. The rest of the metadata is immutable (name, uid,
+creationTimestamp), set by the API server (resourceVersion, generation,
+managedFields, which record the driver's own patch) or set only by a delete
+(deletionTimestamp). The spec is compared whole (taints, unschedulable,
+podCIDR, providerID); the status cannot change through `nodes`, the API
+server keeps the old one. RBAC grants no `nodes/status`; the policy matches
+it anyway and refuses every write there, so that a wider grant later does
+not open the metadata, which a status write may also change.
 */}}
 {{- define "dra-driver-lib.nodelabelspolicy" -}}
 {{- if .Values.validatingAdmissionPolicy.enabled -}}
@@ -88,7 +98,7 @@ spec:
       - apiGroups: [""]
         apiVersions: ["*"]
         operations: ["UPDATE"]
-        resources: ["nodes"]
+        resources: ["nodes", "nodes/status"]
   matchConditions:
     - name: is-this-driver
       expression: >-
@@ -113,11 +123,18 @@ spec:
         variables.oldLabels.all(k, k.startsWith({{ $prefix | squote }}) || k in variables.labels)
       message: >-
         this service account may only change the {{ $prefix }}* labels of its Node
-    - expression: >-
-        object.spec == oldObject.spec &&
-        object.metadata.?annotations.orValue({}) == oldObject.metadata.?annotations.orValue({})
+    - expression: request.?subResource.orValue('') == ''
       message: >-
-        this service account may not change a Node's spec or annotations
+        this service account may not write a Node's status
+    - expression: >-
+        object.?spec == oldObject.?spec &&
+        object.metadata.?annotations.orValue({}) == oldObject.metadata.?annotations.orValue({}) &&
+        object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([]) &&
+        object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) &&
+        object.metadata.?generateName.orValue('') == oldObject.metadata.?generateName.orValue('')
+      message: >-
+        this service account may change nothing of a Node but its {{ $prefix }}* labels:
+        not the spec, annotations, ownerReferences or finalizers
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding

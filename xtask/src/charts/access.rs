@@ -226,8 +226,6 @@ fn check_binding(r: &Rendering, policy: &ValidatingAdmissionPolicy) -> Result<()
     Ok(())
 }
 
-/// The Neuron driver may patch Nodes (its UltraServer labels): a second
-/// policy confines that to its own Node and to those labels.
 /// The chart's admission policy for `resource` (named after it), with what
 /// both policies must have: it fails closed, and its one rule matches
 /// exactly `operations` on `resource` of `group` in every API version.
@@ -241,16 +239,16 @@ fn matching_policy<'r>(
     &'r ValidatingAdmissionPolicy,
     &'r k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicySpec,
 )> {
-    matching_policy_named(expect, r, resource, resource, group, operations)
+    matching_policy_named(expect, r, resource, &[resource], group, operations)
 }
 
 /// [`matching_policy`] for a policy named after `suffix` that matches
-/// `resource` (a subresource such as `resourceclaims/status`).
+/// exactly `resources` (subresources such as `resourceclaims/status`).
 fn matching_policy_named<'r>(
     expect: &Expect,
     r: &'r Rendering,
     suffix: &str,
-    resource: &str,
+    resources: &[&str],
     group: &str,
     operations: &[&str],
 ) -> Result<(
@@ -275,20 +273,34 @@ fn matching_policy_named<'r>(
         .and_then(|r| r.first());
     let list = |l: Option<&Vec<String>>| l.cloned().unwrap_or_default();
     ensure!(
-        rule.is_some_and(|rule| list(rule.resources.as_ref()) == [resource]
+        rule.is_some_and(|rule| list(rule.resources.as_ref()) == resources
             && list(rule.api_groups.as_ref()) == [group]
             && list(rule.operations.as_ref()) == operations
             && list(rule.api_versions.as_ref()) == ["*"]),
-        "{}: policy must match {} of {resource} in every version: {}",
+        "{}: policy must match {} of {} in every version: {}",
         id(policy),
         operations.join("/"),
+        resources.join(", "),
         json(&rule)
     );
     Ok((policy, p))
 }
 
+/// The Neuron driver may patch Nodes (its UltraServer labels): a policy
+/// confines that to its own Node and to those labels. Everything else of
+/// the Node stays as it was: the spec, and every metadata field a client
+/// can set (an owner reference lets the garbage collector delete the Node,
+/// a finalizer holds a deleted one). It also matches `nodes/status`, which
+/// RBAC does not grant, and refuses every write there.
 fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
-    let (policy, p) = matching_policy(expect, r, "nodes", "", &["UPDATE"])?;
+    let (policy, p) = matching_policy_named(
+        expect,
+        r,
+        "nodes",
+        &["nodes", "nodes/status"],
+        "",
+        &["UPDATE"],
+    )?;
     let user = format!(
         "system:serviceaccount:{NAMESPACE}:{}",
         expect.service_account
@@ -298,7 +310,16 @@ fn check_node_policy(expect: &Expect, r: &Rendering) -> Result<()> {
         format!("request.userInfo.username == \"{user}\""),
         "variables.userNodeName == object.metadata.name".to_owned(),
         "k.startsWith('neuron.amazonaws.com/ultraserver-')".to_owned(),
-        "object.spec == oldObject.spec".to_owned(),
+        "request.?subResource.orValue('') == ''".to_owned(),
+        "object.?spec == oldObject.?spec".to_owned(),
+        "object.metadata.?annotations.orValue({}) == oldObject.metadata.?annotations.orValue({})"
+            .to_owned(),
+        "object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([])"
+            .to_owned(),
+        "object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([])"
+            .to_owned(),
+        "object.metadata.?generateName.orValue('') == oldObject.metadata.?generateName.orValue('')"
+            .to_owned(),
     ] {
         ensure_cel_contains(policy, &cel, &needle)?;
     }
@@ -313,7 +334,7 @@ fn check_claim_status_policy(spec: &ChartSpec, expect: &Expect, r: &Rendering) -
         expect,
         r,
         "resourceclaims",
-        "resourceclaims/status",
+        &["resourceclaims/status"],
         "resource.k8s.io",
         &["UPDATE"],
     )?;
@@ -370,3 +391,6 @@ fn ensure_cel_contains(
     );
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

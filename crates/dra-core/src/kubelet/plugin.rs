@@ -5,8 +5,12 @@
 //! `<plugins-dir>/<driver>/dra.sock`; with a pod UID (seamless upgrade) the
 //! names become `<driver>-<podUID>-reg.sock` and `dra-<podUID>.sock`. The
 //! plugin data directory `<plugins-dir>/<driver>/` holds the checkpoint and
-//! the cross-process lock. Stale sockets are removed before binding, both on
-//! shutdown (a registration socket gone is how kubelet learns the plugin is).
+//! the cross-process lock. Stale sockets are removed before binding (a new
+//! instance replaces an old one), ours on shutdown (a registration socket
+//! gone is how kubelet learns the plugin is), but only while the path
+//! still names the socket this instance bound (`socket`): without a pod
+//! UID a surge replacement binds the same names, and removing its sockets
+//! would make kubelet deregister the running driver.
 //! Every connection goes through a relay (`connection`) that closes it when
 //! the client goes away, misbehaves or stalls; registration connections get
 //! their `:authority` rewritten (`authority`). Shutdown is bounded: open
@@ -16,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -41,7 +44,9 @@ use crate::prepare::status::StatusSetup;
 
 mod claim_uid;
 mod dra;
+mod socket;
 use dra::DraService;
+use socket::{BoundSocket, bind_private};
 
 /// Default of [`PluginOptions::device_release_wait`]: long enough for kubelet
 /// to stop a force-deleted pod's containers and unprepare its claim (about
@@ -343,10 +348,12 @@ impl<D: Driver> KubeletPlugin<D> {
         }
 
         remove_if_exists(&sockets.plugin).map_err(io(&sockets.plugin))?;
-        let plugin_listener = bind_private(&sockets.plugin).map_err(io(&sockets.plugin))?;
+        let (plugin_listener, plugin_file) =
+            bind_private(&sockets.plugin).map_err(io(&sockets.plugin))?;
         remove_if_exists(&sockets.registration).map_err(io(&sockets.registration))?;
-        let reg_listener =
+        let (reg_listener, reg_file) =
             bind_private(&sockets.registration).map_err(io(&sockets.registration))?;
+        let reg_file = Arc::new(reg_file);
 
         let info = reg::PluginInfo {
             r#type: "DRAPlugin".to_string(),
@@ -394,11 +401,11 @@ impl<D: Driver> KubeletPlugin<D> {
         let task = tokio::spawn(async move {
             // Kubelet must see the registration socket vanish first.
             let early_unregister = {
-                let reg_path = reg_path.clone();
+                let reg_file = Arc::clone(&reg_file);
                 let shutdown = shutdown.clone();
                 async move {
                     shutdown.cancelled().await;
-                    let _ = remove_if_exists(&reg_path);
+                    remove_own(&reg_file);
                 }
             };
             // The relays cut every connection `shutdown_grace` after
@@ -418,9 +425,9 @@ impl<D: Driver> KubeletPlugin<D> {
                 },
                 early_unregister
             );
-            let _ = remove_if_exists(&reg_path);
-            let _ = remove_if_exists(&plugin_path);
-            tracing::info!("kubelet plugin sockets removed");
+            remove_own(&reg_file);
+            remove_own(&plugin_file);
+            tracing::info!("kubelet plugin sockets removed (those still ours)");
             let Some((plugin_result, reg_result)) = servers else {
                 tracing::error!(
                     grace = ?limits.shutdown_grace,
@@ -460,31 +467,12 @@ fn bounded_server(limits: &ConnectionLimits, deadline: Duration) -> tonic::trans
         .concurrency_limit_per_connection(limits.max_concurrent_streams as usize)
 }
 
-/// Binds a unix socket that only its owner (root, like kubelet) may
-/// connect to. The socket is bound under a temporary name, given mode 0600
-/// and only then renamed to `path`: no client can connect through `path`
-/// while the socket still has the mode the umask gave it. The temporary
-/// name is random (every container is pid 1; two instances of a driver
-/// bind side by side in a seamless upgrade) and no longer than `dra.sock`,
-/// so it fits wherever `path` fits.
-fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tries = 0;
-    let (listener, tmp) = loop {
-        let tmp = path.with_file_name(format!(".{:06x}", rand::random::<u32>() & 0xff_ffff));
-        match UnixListener::bind(&tmp) {
-            Ok(listener) => break (listener, tmp),
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries < 8 => tries += 1,
-            Err(e) => return Err(e),
-        }
-    };
-    let private = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = private {
-        let _ = remove_if_exists(&tmp);
-        return Err(e);
+/// Removes `socket` unless another instance has bound its path since
+/// (shutdown goes on either way; a failure is logged).
+fn remove_own(socket: &BoundSocket) {
+    if let Err(e) = socket.remove_if_ours() {
+        tracing::warn!(error = %e, "cannot remove a kubelet plugin socket");
     }
-    Ok(listener)
 }
 
 /// How long after the connections' shutdown grace the servers may take to

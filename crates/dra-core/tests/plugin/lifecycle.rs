@@ -1,5 +1,5 @@
-//! Registration, both DRA API versions end to end, socket names and the
-//! health service.
+//! Registration, both DRA API versions end to end, socket names (and who
+//! removes them when two instances share them) and the health service.
 
 use super::*;
 
@@ -210,6 +210,62 @@ async fn pod_uid_socket_names_and_stale_socket_replaced() {
         .unwrap();
     token.cancel();
     running.wait().await.unwrap();
+    assert!(!s.registration.exists() && !s.plugin.exists());
+}
+
+/// Without a pod UID a surge replacement binds the same socket names. The
+/// old instance's shutdown must leave the new one's sockets: a registration
+/// socket removed is how kubelet learns a driver is gone.
+#[tokio::test]
+async fn an_old_instance_shutting_down_leaves_the_sockets_of_its_replacement() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let start_one = |token: CancellationToken| {
+        KubeletPlugin::new(
+            TestDriver::default(),
+            Arc::new(InMemoryClaimSource::new()),
+            options(dir.path(), None),
+            PluginMetrics::register(&prometheus::Registry::new()).unwrap(),
+        )
+        .start(token)
+    };
+    let identity = |path: &Path| {
+        let meta = std::fs::symlink_metadata(path).unwrap();
+        (meta.dev(), meta.ino())
+    };
+    let (old_token, new_token) = (CancellationToken::new(), CancellationToken::new());
+    let old = start_one(old_token.clone()).await.unwrap();
+    let s = old.sockets.clone();
+    let old_ids = (identity(&s.registration), identity(&s.plugin));
+    let new = start_one(new_token.clone()).await.unwrap();
+    assert_eq!(new.sockets, s, "the same names without a pod UID");
+    let new_ids = (identity(&s.registration), identity(&s.plugin));
+    assert!(
+        new_ids.0 != old_ids.0 && new_ids.1 != old_ids.1,
+        "the replacement bound sockets of its own"
+    );
+
+    old_token.cancel();
+    tokio::time::timeout(Duration::from_secs(10), old.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (identity(&s.registration), identity(&s.plugin)),
+        new_ids,
+        "the old instance's shutdown left the replacement's sockets in place"
+    );
+    // And the replacement still answers on them, as kubelet would call it.
+    let info = dra_core::testing::self_check(&s.registration, &s.plugin)
+        .await
+        .unwrap();
+    assert_eq!(info.name, DRIVER);
+
+    new_token.cancel();
+    tokio::time::timeout(Duration::from_secs(10), new.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!s.registration.exists() && !s.plugin.exists());
 }
 

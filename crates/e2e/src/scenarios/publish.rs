@@ -1,5 +1,5 @@
 //! Scenarios about what the drivers publish: slices (1) and who may write
-//! them (11).
+//! them (11; the Node part in `node_policy`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -414,5 +414,7 @@ pub async fn node_isolation(tb: &impl Testbed, _ns: &str) -> Result<()> {
         "may only modify ResourceSlices of driver efa.networking.k8s.aws",
         "trn2's EFA driver changing the Neuron slice",
     )?;
-    Ok(())
+
+    // The Neuron driver may patch Nodes: only its own, only its labels.
+    super::node_policy::neuron_driver_node(tb).await
 }
