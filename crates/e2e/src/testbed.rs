@@ -163,7 +163,7 @@ pub fn rescan_interval_env_of(interval: Duration) -> (String, String) {
 /// the reason, on a testbed without it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TestbedOp {
-    /// [`Testbed::upgrade_driver_image`].
+    /// [`Testbed::upgrade_driver_image`], [`Testbed::upgrade_driver_with`].
     UpgradeDriverImage,
     /// [`Testbed::with_api_server_stopped`], [`Testbed::spawn_driver`],
     /// [`Testbed::driver_readyz`] and [`Testbed::driver_process_id`].
@@ -468,6 +468,17 @@ pub trait Testbed: Send + Sync {
             kind.binary(),
             TestbedOp::UpgradeDriverImage.describe()
         )))
+    }
+    /// [`Testbed::upgrade_driver_image`] that also sets chart values
+    /// (`helm upgrade --set key=value` for each of `set`), e.g. a layout
+    /// change such as the Neuron chart's `partitions`
+    /// ([`TestbedOp::UpgradeDriverImage`]).
+    async fn upgrade_driver_with(
+        &self,
+        _kind: DriverKind,
+        _set: &[(&str, &str)],
+    ) -> Result<ImageUpgrade> {
+        Err(lacks(TestbedOp::UpgradeDriverImage))
     }
     /// Stops the API server (the rest of the control plane, the kubelets,
     /// containerd and the drivers keep running), runs `outage`, then starts

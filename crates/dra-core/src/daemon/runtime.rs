@@ -41,6 +41,7 @@ use crate::prepare::claims::{ClaimSource, KubeClaimSource};
 use crate::prepare::driver::Driver;
 use crate::prepare::metrics::PluginMetrics;
 use crate::publish::node::{NodeError, device_plugin_resources_present, get_node, node_owner};
+use crate::publish::publisher::handover::{Instance, Liveness};
 use crate::publish::publisher::{self, PublishMetrics, PublisherConfig, PublisherConfigError};
 
 /// What the daemon does with the Node once the API server answered,
@@ -154,6 +155,8 @@ pub(crate) async fn run<D: Driver>(
 ) -> Result<(), RuntimeError> {
     let node_name = options.node_name.clone();
     let driver_name = options.driver_name.clone();
+    // Who publishes when two instances run on the node: the newest started.
+    let instance = Instance::this_process(options.pod_uid.as_deref());
     // Built from the configuration alone: nothing is sent yet.
     let client = kube_client(options.kubeconfig.as_deref(), options.api_request_timeout).await?;
 
@@ -232,6 +235,7 @@ pub(crate) async fn run<D: Driver>(
             waits,
             feeds,
             publish_metrics,
+            instance,
             on_node,
         },
         options,
@@ -276,6 +280,7 @@ struct ClusterSide {
     waits: StartupWaits,
     feeds: DeviceFeeds,
     publish_metrics: PublishMetrics,
+    instance: Instance,
     on_node: OnNode,
 }
 
@@ -293,6 +298,7 @@ async fn serve_cluster(
         waits,
         feeds,
         publish_metrics,
+        instance,
         on_node,
     } = side;
     let node_name = options.node_name.clone();
@@ -325,7 +331,8 @@ async fn serve_cluster(
         &node_name,
         Some(owner),
         publish_metrics,
-    )?;
+    )?
+    .with_instance(instance, instance_liveness(&options));
     let publish_task = tokio::spawn(mark_when(config.published(), Awaited::FirstPublish, waits));
     let publisher_task = tokio::spawn(publisher::run(
         client.clone(),
@@ -349,6 +356,36 @@ async fn serve_cluster(
         let _ = task.await;
     }
     Ok(())
+}
+
+/// Whether another instance of the driver still runs on this node, by its
+/// id ([`crate::publish::publisher::handover`]): it serves its plugin socket
+/// (`dra-<podUID>.sock`, `dra.sock` for a `pid-` id) in the data directory
+/// this one shares. The probe connects and sends the HTTP/2 client preface
+/// before it closes, so the other instance does not log a broken client.
+/// An instance with our own socket path is gone: we replaced its socket.
+fn instance_liveness(options: &RuntimeOptions) -> Liveness {
+    let plugin = options.plugin_options();
+    let ours = plugin.sockets().plugin;
+    Liveness::new(move |id| {
+        let mut other = plugin.clone();
+        other.pod_uid = (!id.starts_with("pid-")).then(|| id.to_owned());
+        let path = other.sockets().plugin;
+        path != ours && serves(&path)
+    })
+}
+
+/// Does a server accept connections on the Unix socket `path`?
+fn serves(path: &std::path::Path) -> bool {
+    use std::io::Write;
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(mut stream) => {
+            let _ = stream.set_write_timeout(Some(std::time::Duration::from_millis(200)));
+            let _ = stream.write_all(crate::kubelet::authority::PREFACE);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 /// Refuses to run beside the classic device plugin of the same hardware
@@ -436,6 +473,30 @@ mod tests {
                 .ends_with("plugins_registry/neuron.aws.com-reg.sock")
         );
         assert!(sockets.plugin.ends_with("plugins/neuron.aws.com/dra.sock"));
+    }
+
+    #[test]
+    fn another_instance_is_alive_while_it_serves_its_plugin_socket() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut o = options("neuron.aws.com");
+        o.kubelet_plugins_dir = dir.path().to_path_buf();
+        o.pod_uid = Some("old-pod".into());
+        let alive = instance_liveness(&o);
+        let data = dir.path().join("neuron.aws.com");
+        std::fs::create_dir_all(&data).expect("data dir");
+        assert!(!alive.alive("new-pod"), "no socket");
+        let listener =
+            std::os::unix::net::UnixListener::bind(data.join("dra-new-pod.sock")).expect("bind");
+        assert!(alive.alive("new-pod"), "serving");
+        drop(listener);
+        assert!(data.join("dra-new-pod.sock").exists());
+        assert!(!alive.alive("new-pod"), "a stale socket is no instance");
+        let plain = std::os::unix::net::UnixListener::bind(data.join("dra.sock")).expect("bind");
+        assert!(alive.alive("pid-7"), "an instance with plain socket names");
+        // With plain names ourselves, that socket is ours: the other is gone.
+        o.pod_uid = None;
+        assert!(!instance_liveness(&o).alive("pid-7"));
+        drop(plain);
     }
 
     #[test]

@@ -28,7 +28,10 @@
 //! * [`apply`]: the writes; a create or update refused because the view was
 //!   behind is resolved by reading the slice, not by writing again;
 //! * [`clash_report`]: the log lines, gauge and Node event of each clash;
-//! * [`taints`]: noticing an API server that drops device taints.
+//! * [`taints`]: noticing an API server that drops device taints;
+//! * [`handover`]: one publisher per pool when two instances of the driver
+//!   run on the node (a surge upgrade): the newest publishes, the older
+//!   yields.
 //!
 //! [`BackoffConfig::WATCH`]: crate::publish::backoff::BackoffConfig::WATCH
 
@@ -36,6 +39,7 @@ mod api;
 mod apply;
 mod clash_report;
 mod config;
+pub(crate) mod handover;
 mod schedule;
 mod settle;
 mod taints;
@@ -58,6 +62,7 @@ use super::reconcile::reconcile;
 use api::{KubeApi, PoolApi};
 use apply::{Applied, apply, check_unsettled};
 use clash_report::{ClashReport, Withheld, node_event};
+use handover::Handover;
 use schedule::Schedule;
 use settle::OwnWrites;
 use taints::TaintSupport;
@@ -120,6 +125,7 @@ async fn drive(
             Some(_) => None,
         };
         let check = sleep_until_opt(check);
+        let recheck = sleep_until_opt(publisher.handover.recheck_at());
         tokio::select! {
             () = &mut shutdown => break,
             changed = devices.changed(), if devices_open => match changed {
@@ -148,6 +154,10 @@ async fn drive(
             },
             () = retry => publisher.schedule.retry_due(),
             () = check => publisher.schedule.changed(),
+            () = recheck => {
+                publisher.handover.recheck_due();
+                publisher.schedule.changed();
+            }
         }
     }
     tracing::info!("resourceslice publisher stopped");
@@ -163,6 +173,7 @@ struct Publisher<'c, A> {
     own: OwnWrites,
     taints: TaintSupport,
     clash_report: ClashReport,
+    handover: Handover,
     /// Recomputed (and its validation issues counted) only when the devices,
     /// the taint support or the withheld devices change; `None`: due.
     desired: Option<DesiredPool>,
@@ -178,6 +189,7 @@ impl<'c, A: PoolApi + Sync> Publisher<'c, A> {
             own: OwnWrites::default(),
             taints: TaintSupport::default(),
             clash_report: ClashReport::default(),
+            handover: Handover::default(),
             desired: None,
         }
     }
@@ -220,6 +232,16 @@ impl<'c, A: PoolApi + Sync> Publisher<'c, A> {
         self.own.settle(&seen);
         let view = self.own.view(&seen);
         let on_node: Vec<&ResourceSlice> = view.iter().collect();
+        let own = own_slices(on_node.clone(), &config.driver_name, &config.node_name);
+        let key = config.stamp_key();
+        if self
+            .handover
+            .must_yield(own.iter().copied(), &key, &config.instance, &config.alive)
+        {
+            // The pool is published, by the newer instance: ready.
+            config.published.send_replace(true);
+            return;
+        }
         let clashes = find_clashes(
             &config.driver_name,
             &config.node_name,
@@ -242,11 +264,7 @@ impl<'c, A: PoolApi + Sync> Publisher<'c, A> {
                 &self.clash_report.withheld,
             )
         });
-        let observed: Vec<ResourceSlice> =
-            own_slices(on_node, &config.driver_name, &config.node_name)
-                .into_iter()
-                .cloned()
-                .collect();
+        let observed: Vec<ResourceSlice> = own.into_iter().cloned().collect();
         let actions = reconcile(&observed, &pool.slices);
         let device_count = pool.device_count;
         match apply(&self.api, actions, &mut self.own, metrics).await {
@@ -290,5 +308,7 @@ fn unix_now() -> f64 {
 mod fake_api;
 #[cfg(test)]
 mod loop_tests;
+#[cfg(test)]
+mod surge_tests;
 #[cfg(test)]
 mod tests;

@@ -115,9 +115,9 @@ pub(crate) fn reconcile(observed: &[ResourceSlice], desired: &[ResourceSlice]) -
                         .owner_references
                         .clone()
                         .or_else(|| o.metadata.owner_references.clone()),
-                    // Keep what others put on our object; replace the rest.
+                    // Keep others' metadata (our annotations win); replace the rest.
                     labels: o.metadata.labels.clone(),
-                    annotations: o.metadata.annotations.clone(),
+                    annotations: merged(&o.metadata.annotations, &d.metadata.annotations),
                     finalizers: o.metadata.finalizers.clone(),
                     resource_version: o.metadata.resource_version.clone(),
                     ..Default::default()
@@ -131,6 +131,14 @@ pub(crate) fn reconcile(observed: &[ResourceSlice], desired: &[ResourceSlice]) -
         !desired_names.contains(s.metadata.name.as_deref().unwrap_or(""))
     })));
     actions
+}
+
+type Annotations = Option<BTreeMap<String, String>>;
+
+fn merged(kept: &Annotations, ours: &Annotations) -> Annotations {
+    let mut all = kept.clone().unwrap_or_default();
+    all.extend(ours.clone().unwrap_or_default());
+    (!all.is_empty()).then_some(all)
 }
 
 fn deletes<'a>(slices: impl Iterator<Item = &'a ResourceSlice>) -> Vec<SliceAction> {

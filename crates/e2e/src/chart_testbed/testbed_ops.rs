@@ -260,6 +260,15 @@ impl<H: ChartHost> Testbed for ChartTestbed<H> {
 
     /// A new tag of the same image, `helm upgrade`d; see `upgrade.rs`.
     async fn upgrade_driver_image(&self, kind: DriverKind) -> Result<ImageUpgrade> {
-        self.upgrade_image(kind).await
+        self.upgrade_image(kind, &[]).await
+    }
+
+    /// The same, with `--set key=value` for each of `set`.
+    async fn upgrade_driver_with(
+        &self,
+        kind: DriverKind,
+        set: &[(&str, &str)],
+    ) -> Result<ImageUpgrade> {
+        self.upgrade_image(kind, set).await
     }
 }

@@ -2,7 +2,9 @@
 //! on [`ChartTestbed`]: `helm upgrade` of a driver's releases to a new image,
 //! then a wait for the DaemonSets' rolling update to finish.
 //!
-//! What changes: the image *tag*. The new tag names the same image (the
+//! What changes: the image *tag* (and, through
+//! [`Testbed::upgrade_driver_with`](crate::testbed::Testbed::upgrade_driver_with),
+//! the chart values it is given). The new tag names the same image (the
 //! same driver binaries), added to every node's containerd with
 //! [`ChartHost::tag_image`], so no registry is needed; the pod template's
 //! image reference changes, so the DaemonSet controller rolls every pod as
@@ -69,7 +71,11 @@ fn pods_summary(pods: &[Pod]) -> String {
 }
 
 impl<H: ChartHost> ChartTestbed<H> {
-    pub(super) async fn upgrade_image(&self, kind: DriverKind) -> Result<ImageUpgrade> {
+    pub(super) async fn upgrade_image(
+        &self,
+        kind: DriverKind,
+        set: &[(&str, &str)],
+    ) -> Result<ImageUpgrade> {
         let chart = kind.chart().ok_or_else(|| {
             Error::Testbed(format!(
                 "{} is not installed from a chart: nothing to upgrade",
@@ -101,7 +107,7 @@ impl<H: ChartHost> ChartTestbed<H> {
             } else {
                 None
             };
-            self.helm_upgrade_image(chart, &unit.release, &tag, port)?;
+            self.helm_upgrade_image(chart, &unit.release, &tag, port, set)?;
             if let Some(port) = port {
                 for u in Self::lock(&self.units)?
                     .iter_mut()
@@ -139,19 +145,22 @@ impl<H: ChartHost> ChartTestbed<H> {
         })
     }
 
-    /// `helm upgrade --reuse-values` with the new tag (and metrics port).
+    /// `helm upgrade --reuse-values` with the new tag (and metrics port, and
+    /// the values of `set`).
     fn helm_upgrade_image(
         &self,
         chart: Chart,
         release: &str,
         tag: &str,
         metrics_port: Option<u16>,
+        set: &[(&str, &str)],
     ) -> Result<()> {
-        let set_tag = format!("image.tag={tag}");
-        let set_port = metrics_port.map(|p| format!("metrics.port={p}"));
-        let mut extra = vec!["--reuse-values", "--set", &set_tag];
-        if let Some(p) = &set_port {
-            extra.extend(["--set", p.as_str()]);
+        let mut sets = vec![format!("image.tag={tag}")];
+        sets.extend(metrics_port.map(|p| format!("metrics.port={p}")));
+        sets.extend(set.iter().map(|(k, v)| format!("{k}={v}")));
+        let mut extra = vec!["--reuse-values"];
+        for s in &sets {
+            extra.extend(["--set", s.as_str()]);
         }
         self.helm_upgrade(chart, release, &extra)
     }

@@ -32,12 +32,14 @@ mod health;
 pub mod kit;
 mod lifecycle;
 mod migration;
+mod node_policy;
 mod outage;
 mod partitions;
 mod publish;
 pub mod registration;
 mod reuse;
 mod shadow;
+mod surge;
 mod taints;
 mod uninstall;
 mod upgrade;
@@ -128,7 +130,7 @@ scenarios! {
         => lifecycle::delete_unprepares;
     s10_driver_crash [] "SIGKILL while pods come and go, restart, no double allocation"
         => lifecycle::driver_crash;
-    s11_node_isolation [] "node A's driver credentials cannot touch node B's slices"
+    s11_node_isolation [] "node A's driver credentials cannot touch node B's slices or Node; the Neuron driver may change only its own Node's UltraServer labels"
         => publish::node_isolation;
     s12_cel_selectors [] "the CEL selector examples"
         => allocate::cel_selectors;
@@ -170,6 +172,8 @@ scenarios! {
         => attribute_files::device_attribute_files;
     s31_efa_shared_capacity [ConsumableCapacity] "EFAs shared by capacity on p5: four claims share one EFA (3 x the default 25G, 23G rounded up to 25G), each prepared with its own share; a fifth stays Pending until one goes"
         => efa_capacity::shared_capacity;
+    s32_surge_one_publisher [PartitionableDevices] testbed [UpgradeDriverImage] "helm upgrade of the Neuron chart to partitions=chips and back: old and new pod side by side, one publishes; the pool's generation moves at most twice per upgrade, the pool is never incomplete at a generation it was complete at, no write of the old pod after the new one's first"
+        => surge::surge_one_publisher;
 }
 
 /// The scenario called `name`.
@@ -294,9 +298,18 @@ mod tests {
         assert_eq!(s28.testbed_skip_reason(&[TestbedOp::StopApiServer]), None);
         let why = s28.testbed_skip_reason(&[]).unwrap();
         assert!(why.contains("stop the API server"), "{why}");
+        // ... and s32, which upgrades with a layout change.
+        let s32 = find("s32_surge_one_publisher").unwrap();
+        assert_eq!(
+            s32.testbed_skip_reason(&[TestbedOp::UpgradeDriverImage]),
+            None
+        );
+        assert!(s32.skip_reason(r37).is_none());
+        let why = s32.skip_reason(r34).unwrap();
+        assert!(why.contains("DRAPartitionableDevices"), "{why}");
         for s in SCENARIOS
             .iter()
-            .filter(|s| s.name != s24.name && s.name != s28.name)
+            .filter(|s| ![s24.name, s28.name, s32.name].contains(&s.name))
         {
             assert_eq!(s.testbed_skip_reason(&[]), None, "{}", s.name);
         }
@@ -316,6 +329,7 @@ mod tests {
                 && s.name != s15.name
                 && s.name != s27.name
                 && s.name != s31.name
+                && s.name != s32.name
                 && !migration.contains(&s.name)
         }) {
             assert_eq!(s.skip_reason(r34), None, "{}", s.name);

@@ -7,6 +7,7 @@ use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 
 use super::clash_report::Withheld;
+use super::handover::{Instance, Liveness, stamp_all, stamp_key};
 use crate::publish::backoff::BackoffConfig;
 use crate::publish::clash::{FOREIGN_PUBLISHERS, ForeignIdentity};
 use crate::publish::desired::{DesiredPool, NodeOwner, PoolContent, desired_pool_with_counters};
@@ -129,6 +130,11 @@ pub struct PublisherConfig {
     /// first successful reconcile); [`PublisherConfig::published`] hands
     /// out receivers. The readiness gate waits on it.
     pub(super) published: watch::Sender<bool>,
+    /// This publisher, as its stamp on the slices names it
+    /// ([`super::handover`]).
+    pub(crate) instance: Instance,
+    /// Whether another instance on the node still runs.
+    pub(crate) alive: Liveness,
 }
 
 impl PublisherConfig {
@@ -159,7 +165,22 @@ impl PublisherConfig {
             metrics,
             foreign: FOREIGN_PUBLISHERS,
             published: watch::channel(false).0,
+            instance: Instance::this_process(None),
+            alive: Liveness::assume_alive(),
         })
+    }
+
+    /// Names this publisher `instance` (see [`super::handover`]) and asks
+    /// `alive` whether another instance still runs.
+    pub(crate) fn with_instance(mut self, instance: Instance, alive: Liveness) -> Self {
+        self.instance = instance;
+        self.alive = alive;
+        self
+    }
+
+    /// The annotation that stamps our slices with their writer.
+    pub(super) fn stamp_key(&self) -> String {
+        stamp_key(&self.driver_name)
     }
 
     /// Becomes `true` once the publisher has published the node's slices
@@ -223,13 +244,14 @@ impl PublisherConfig {
             without_taints(&kept)
         };
         let devices = &devices;
-        let pool = desired_pool_with_counters(
+        let mut pool = desired_pool_with_counters(
             &self.driver_name,
             &self.node_name,
             self.node_owner.as_ref(),
             devices,
             &content.counter_sets,
         );
+        stamp_all(&mut pool.slices, &self.stamp_key(), &self.instance);
         log_issues(&pool.issues);
         for issue in &pool.issues {
             self.metrics
