@@ -12,6 +12,7 @@ mod demo;
 mod docker;
 mod docs_anchors;
 mod docs_links;
+mod docs_reference;
 mod doctor;
 mod e2e;
 #[cfg(test)]
@@ -72,6 +73,9 @@ enum Task {
     SupplyChain,
     /// Every file under docs/ reachable from docs/README.md, no broken relative link.
     DocsLinks,
+    /// The reference parts of the docs from the code (flags, metrics, chart values); `--check`:
+    /// fail where a doc disagrees with the code (also attribute tables, code names, paths).
+    Docs(docs_reference::DocsArgs),
     /// Whether this machine has what `demo` and `ci` need, and how to install what it lacks.
     Doctor,
 }
@@ -88,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         Task::Fuzz(args) => fuzz::run(args),
         Task::SupplyChain => supply_chain::run(),
         Task::DocsLinks => docs_links::run(),
+        Task::Docs(args) => docs_reference::run(args),
         Task::Doctor => doctor::run(),
         Task::KrewManifest(args) => krew::run(args),
         Task::Bench(args) => bench::run(args),

@@ -20,6 +20,12 @@ pub(super) fn checks(target: &Path) -> Vec<Step> {
         // Every page under docs/ reachable from docs/README.md, no broken
         // relative link (a second or two).
         step("docs-links", 300, &["xtask", "docs-links"]),
+        // The docs against the code: generated reference tables (flags,
+        // metrics, chart values) up to date, attribute rows and Node labels
+        // as the drivers publish them on every fixture, every named piece of
+        // code and repository path existing (CONTRIBUTING.md, "Docs that
+        // follow the code"). Seconds once xtask is built.
+        step("docs", 300, &["xtask", "docs", "--check"]),
         // Cold: 337 s.
         step(
             "clippy",

@@ -60,6 +60,7 @@ fn e2e_legs_cover_every_ci_release_after_their_preparation() {
         [
             "supply-chain",
             "docs-links",
+            "docs",
             "clippy",
             "fmt-fuzz",
             "clippy-fuzz",

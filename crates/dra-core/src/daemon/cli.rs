@@ -264,6 +264,19 @@ impl<X: Args> DriverCli<X> {
         }
     }
 
+    /// The binary's whole command line as clap describes it: what
+    /// `--help` prints and the flags reference of the docs is generated from.
+    pub(crate) fn command_for(
+        name: &'static str,
+        version: &'static str,
+        default_driver: &'static str,
+    ) -> clap::Command {
+        with_default(Self::command(), "driver_name", default_driver)
+            .name(name)
+            .bin_name(name)
+            .version(version)
+    }
+
     /// As [`Self::parse_for`] from explicit arguments (first one is the binary).
     /// When the first argument after the binary is not a subcommand, `run` is
     /// assumed.
@@ -287,11 +300,8 @@ impl<X: Args> DriverCli<X> {
         if !explicit {
             args.insert(args.len().min(1), "run".into());
         }
-        let command = with_default(Self::command(), "driver_name", default_driver)
-            .name(name)
-            .bin_name(name)
-            .version(version);
-        let matches = command.try_get_matches_from(args)?;
+        let matches =
+            Self::command_for(name, version, default_driver).try_get_matches_from(args)?;
         Self::from_arg_matches(&matches)
     }
 }

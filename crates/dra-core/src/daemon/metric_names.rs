@@ -5,7 +5,7 @@
 
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use crate::prepare::metrics::{PREFIX, PluginMetrics};
+use crate::prepare::metrics::PREFIX;
 
 /// What breaks the naming rule in `families`, one line each.
 fn naming_rule_violations(families: &[prometheus::proto::MetricFamily]) -> Vec<String> {
@@ -62,23 +62,7 @@ fn naming_rule_violations(families: &[prometheus::proto::MetricFamily]) -> Vec<S
 fn every_metric_follows_the_naming_rule() {
     use crate::daemon::rescan::RescanMetrics;
     use crate::daemon::runner::Program;
-    use crate::publish::publisher::PublishMetrics;
     let registry = Registry::new();
-    let plugin = PluginMetrics::register(&registry).unwrap();
-    let publish = PublishMetrics::register(&registry).unwrap();
-    // A vector without children is not gathered: give each one a child.
-    plugin.claim_done("prepare", true, 0.01);
-    drop(plugin.in_flight("prepare"));
-    plugin.registration(false);
-    plugin.release_wait_done(true);
-    plugin.checkpoint_error("corrupt");
-    plugin.commit_group(3);
-    publish.publish_errors.with_label_values(&["create"]).inc();
-    publish.slice_writes.with_label_values(&["create"]).inc();
-    publish
-        .validation_issues
-        .with_label_values(&["dropped", "too_long"])
-        .inc();
     let mut prefixes = Vec::new();
     for binary in ["efa-driver", "neuron-driver", "gpu-test-driver"] {
         let program = Program {
@@ -87,22 +71,31 @@ fn every_metric_follows_the_naming_rule() {
             driver_name: "d",
             device_plugin_resources: &[],
         };
-        let prefix = program.metrics_prefix();
-        let rescan = RescanMetrics::register(&registry, &prefix).unwrap();
+        prefixes.push(program.metrics_prefix());
+    }
+    assert_eq!(
+        prefixes,
+        ["aws_dra_efa", "aws_dra_neuron", "aws_dra_gpu_test"]
+    );
+    // Everything the runtime registers, with each binary's rescan prefix.
+    crate::daemon::metric_catalog::register_every_metric(&registry, &prefixes[0]).unwrap();
+    for prefix in &prefixes[1..] {
+        let rescan = RescanMetrics::register(&registry, prefix).unwrap();
         rescan.rescans_total.with_label_values(&["start"]).inc();
         rescan
             .devices_by_health
             .with_label_values(&["healthy"])
             .set(1);
         rescan.health_transitions.with_label_values(&["x"]).inc();
-        prefixes.push(prefix);
     }
-    assert_eq!(
-        prefixes,
-        ["aws_dra_efa", "aws_dra_neuron", "aws_dra_gpu_test"]
-    );
     let families = registry.gather();
-    assert_eq!(families.len(), 10 + 6 + 3 * 5, "every metric gathered");
+    // Plugin 10, publish 7, waiting 1, claim status 1, ops server 2, rescan
+    // 5 per binary.
+    assert_eq!(
+        families.len(),
+        10 + 7 + 1 + 1 + 2 + 3 * 5,
+        "every metric gathered"
+    );
     assert_eq!(naming_rule_violations(&families), Vec::<String>::new());
 
     // The mistakes of the names this rule replaced.

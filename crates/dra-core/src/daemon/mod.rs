@@ -14,6 +14,8 @@ pub(crate) mod apiserver;
 pub(crate) mod claim_status;
 pub(crate) mod cli;
 pub(crate) mod client;
+#[cfg(any(test, feature = "testing"))]
+pub(crate) mod metric_catalog;
 #[cfg(test)]
 mod metric_names;
 pub(crate) mod node_driver;

@@ -84,22 +84,26 @@ impl PluginMetrics {
         )?;
         let registration_failures = IntCounter::new(
             "aws_dra_plugin_registration_failures_total",
-            "Registration failures reported by kubelet.",
+            "Registration failures reported by kubelet (plugin_registered=false): the node gets no \
+             allocations until it registers; the driver logs kubelet's error.",
         )?;
         let checkpoint_errors = IntCounterVec::new(
             Opts::new(
                 "aws_dra_checkpoint_errors_total",
-                "Checkpoint files found corrupt, of a newer version, or not writable.",
+                "Checkpoint problems, by reason: corrupt (unparsable, moved aside), newer (written by a \
+                 newer driver: refused and kept), write (could not be written).",
             ),
             &["reason"],
         )?;
         let prepared_claims = IntGauge::new(
             "aws_dra_checkpoint_claims",
-            "Claims prepared on this node, as the checkpoint records them.",
+            "Claims prepared on this node, as the checkpoint records them (set at start from what a \
+             previous run left, then on every prepare and unprepare).",
         )?;
         let prepared_devices = IntGauge::new(
             "aws_dra_checkpoint_devices",
-            "Devices of the claims prepared on this node, as the checkpoint records them.",
+            "Devices of the claims prepared on this node, as the checkpoint records them: one per \
+             allocation result (a device admin-access claims share counts once per claim).",
         )?;
         let release_waits = IntCounterVec::new(
             Opts::new(

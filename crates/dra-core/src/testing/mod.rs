@@ -41,4 +41,5 @@ pub use crate::publish::publisher::{
 pub use crate::scan::uevent::{Uevent, UeventError, UeventSocket};
 
 pub mod conformance;
+pub mod reference;
 pub mod rescan_bench;
