@@ -16,7 +16,7 @@
 //!   bursts meet the steady state (the old server's 10 s header timeout
 //!   included);
 //! - `sink`: the same attack against a listener of the bench's own
-//!   ([`sink`]) that holds the newest [`SINK_HOLDS`] connections and closes
+//!   (`Sink`) that holds the newest [`SINK_HOLDS`] connections and closes
 //!   the oldest, as the driver's server does at its cap, without the
 //!   driver. On a 2-core machine the attacking client and the kernel's
 //!   connection handling take CPU from everything, the driver and the API
@@ -61,7 +61,7 @@ pub const PROBE_EVERY: Duration = Duration::from_millis(250);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the driver's RSS and descriptors are read.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
-/// Connections the [`sink`] holds (the driver's server's cap).
+/// Connections the bench's `Sink` holds (the driver's server's cap).
 pub const SINK_HOLDS: usize = 256;
 /// How often the attack's pacer wakes up.
 const TICK: Duration = Duration::from_millis(10);
