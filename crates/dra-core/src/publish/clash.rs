@@ -105,6 +105,25 @@ pub(crate) struct Clashes {
     pub withheld: BTreeMap<String, Vec<(ClashSource, ClashReason)>>,
 }
 
+/// The devices the desired pool leaves out: what the publisher's slice
+/// builder needs of [`Clashes`] (the report of them is
+/// `publisher/clash_report.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Withheld {
+    /// The whole pool: another writer uses our driver name.
+    pub(crate) pool: bool,
+    pub(crate) devices: BTreeSet<String>,
+}
+
+impl Withheld {
+    pub(crate) fn of(clashes: &Clashes) -> Self {
+        Withheld {
+            pool: clashes.pool_withdrawn(),
+            devices: clashes.withheld.keys().cloned().collect(),
+        }
+    }
+}
+
 impl Clashes {
     /// No clash at all.
     #[cfg(test)]

@@ -187,6 +187,9 @@ pub(crate) mod tests {
         let address = closed.local_addr().unwrap();
         drop(closed);
         let config = kube::Config::new(format!("http://{address}").parse().unwrap());
+        // The process's TLS provider, as the daemon's client sets it: alone
+        // (a filtered run) no other test has installed one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = kube::Client::try_from(config).unwrap();
         let failures = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counted = failures.clone();

@@ -56,12 +56,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::backoff::WatchBackoff;
-use super::clash::{find_clashes, own_slices};
+use super::clash::{Withheld, find_clashes, own_slices};
 use super::desired::{DesiredPool, PoolContent};
 use super::reconcile::reconcile;
 use api::{KubeApi, PoolApi};
 use apply::{Applied, apply, check_unsettled};
-use clash_report::{ClashReport, Withheld, node_event};
+use clash_report::{ClashReport, node_event};
 use handover::Handover;
 use schedule::Schedule;
 use settle::OwnWrites;

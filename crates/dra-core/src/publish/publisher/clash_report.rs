@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::api::{NODE_EVENT_NAMESPACE, PoolApi};
 use super::config::PublisherConfig;
-use crate::publish::clash::{ClashSource, Clashes};
+use crate::publish::clash::{ClashSource, Clashes, Withheld};
 
 /// Reason of the Node event when a clash starts.
 pub(crate) const CLASH_EVENT_REASON: &str = "DevicesPublishedByAnotherDriver";
@@ -23,23 +23,6 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Most device names spelled out in a log line or an event message.
 const NAMES_SHOWN: usize = 16;
-
-/// The devices the desired pool leaves out.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(super) struct Withheld {
-    /// The whole pool: another writer uses our driver name.
-    pub(super) pool: bool,
-    pub(super) devices: BTreeSet<String>,
-}
-
-impl Withheld {
-    pub(super) fn of(clashes: &Clashes) -> Self {
-        Withheld {
-            pool: clashes.pool_withdrawn(),
-            devices: clashes.withheld.keys().cloned().collect(),
-        }
-    }
-}
 
 /// The clashes seen so far, so that each is logged and reported once.
 #[derive(Debug, Default)]

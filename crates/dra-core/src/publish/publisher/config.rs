@@ -6,10 +6,9 @@ use kube::runtime::watcher;
 use prometheus::{Gauge, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::watch;
 
-use super::clash_report::Withheld;
 use super::handover::{Instance, Liveness, stamp_all, stamp_key};
 use crate::publish::backoff::BackoffConfig;
-use crate::publish::clash::{FOREIGN_PUBLISHERS, ForeignIdentity};
+use crate::publish::clash::{FOREIGN_PUBLISHERS, ForeignIdentity, Withheld};
 use crate::publish::desired::{DesiredPool, NodeOwner, PoolContent, desired_pool_with_counters};
 use crate::publish::validate::{is_dns_subdomain, log_issues};
 use crate::scan::taints::without_taints;
