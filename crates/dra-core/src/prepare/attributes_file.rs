@@ -8,7 +8,9 @@
 //!   `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/<request>/<driver>-metadata.json`,
 //!   or `.../resourceclaimtemplates/<pod claim name>/<request>/...` for a
 //!   claim generated from a template (the pod's own name for the claim, from
-//!   the claim's `resource.kubernetes.io/pod-claim-name` annotation);
+//!   the claim's `resource.kubernetes.io/pod-claim-name` annotation; any
+//!   claim author can set it, so a value that is not a DNS label, as a pod's
+//!   claim names are, is ignored: no `/` or `..` reaches the path);
 //!   `<request>` is the base request (`gpu` for subrequest `gpu/big`);
 //! - the file is a stream of `DeviceMetadata` objects, the same content once
 //!   per API version, newest first (`metadata.resource.k8s.io/v1beta1`, then
@@ -23,7 +25,10 @@
 //! named by the claim UID, so
 //! unprepare finds it from the UID alone (also after a restart, or for a
 //! claim the checkpoint lost), and a start can tell the files of claims no
-//! longer prepared. The claim's CDI spec mounts each file read-only
+//! longer prepared. A file is this driver's only in exactly that shape (the
+//! UID in its 36-character form, then a request name), so a second
+//! instance named `<driver>-canary` sharing the directory keeps its files.
+//! The claim's CDI spec mounts each file read-only
 //! ([`crate::prepare::cdi`]); the file is put in place with the spec and the
 //! checkpoint, in one commit.
 //!
@@ -196,7 +201,7 @@ impl AttributeFiles {
         pod_claim_name: Option<&str>,
         request: &str,
     ) -> String {
-        let (sub, name) = match pod_claim_name.filter(|n| !n.is_empty()) {
+        let (sub, name) = match pod_claim_name.filter(|n| is_dns_label(n)) {
             Some(pod_claim) => ("resourceclaimtemplates", pod_claim),
             None => ("resourceclaims", claim_name),
         };
@@ -222,7 +227,14 @@ impl AttributeFiles {
         let pod_claim_name = object
             .and_then(|o| o.metadata.annotations.as_ref())
             .and_then(|a| a.get(POD_CLAIM_NAME))
-            .map(String::as_str);
+            .map(String::as_str)
+            .filter(|name| {
+                let label = is_dns_label(name);
+                if !label {
+                    tracing::warn!(claim = %claim, annotation = POD_CLAIM_NAME, value = ?name.chars().take(80).collect::<String>(), "not a DNS label; the file goes under resourceclaims/<claim name>");
+                }
+                label
+            });
         let mut requests: Vec<&str> = Vec::new();
         for d in devices {
             for r in &d.request_names {
@@ -272,25 +284,31 @@ impl AttributeFiles {
         Ok(out)
     }
 
-    /// The files of this driver in the host directory, with the rest of
-    /// their name after `<driver>-` (`<claimUID>-<request>.json`).
+    /// The claim UID of a file name of this driver's shape,
+    /// `<driver>-<UID>-<request>.json`; `None` for any other name, such as
+    /// the files of a driver named `<driver>-canary`.
+    fn claim_of<'a>(&self, file_name: &'a str) -> Option<&'a str> {
+        let rest = file_name
+            .strip_prefix(self.driver.as_str())?
+            .strip_prefix('-')?;
+        let (uid, rest) = rest.split_at_checked(UID_LEN)?;
+        let request = rest.strip_prefix('-')?.strip_suffix(".json")?;
+        (is_uid(uid) && is_dns_label(request)).then_some(uid)
+    }
+
+    /// The files of this driver in the host directory, with their claim UID.
     fn ours(&self) -> std::io::Result<Vec<(PathBuf, String)>> {
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
-        let prefix = format!("{}-", self.driver);
         let mut found = Vec::new();
         for entry in entries {
             let entry = entry?;
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            if let Some(rest) = name.strip_prefix(&prefix)
-                && rest.ends_with(".json")
-            {
-                found.push((entry.path(), rest.to_owned()));
+            let name = entry.file_name();
+            if let Some(uid) = name.to_str().and_then(|n| self.claim_of(n)) {
+                found.push((entry.path(), uid.to_owned()));
             }
         }
         Ok(found)
@@ -298,9 +316,8 @@ impl AttributeFiles {
 
     /// Removes every file of claim `claim_uid`.
     pub(crate) fn remove_claim(&self, claim_uid: &str) -> std::io::Result<()> {
-        let prefix = format!("{claim_uid}-");
-        for (path, rest) in self.ours()? {
-            if rest.starts_with(&prefix) {
+        for (path, uid) in self.ours()? {
+            if uid == claim_uid {
                 remove_if_exists(&path)?;
             }
         }
@@ -315,12 +332,8 @@ impl AttributeFiles {
         prepared: &BTreeMap<String, PreparedClaim>,
     ) -> std::io::Result<Vec<PathBuf>> {
         let mut removed = Vec::new();
-        for (path, rest) in self.ours()? {
-            let held = prepared.keys().any(|uid| {
-                rest.strip_prefix(uid.as_str())
-                    .is_some_and(|r| r.starts_with('-'))
-            });
-            if !held {
+        for (path, uid) in self.ours()? {
+            if !prepared.contains_key(&uid) {
                 remove_if_exists(&path)?;
                 removed.push(path);
             }
@@ -331,10 +344,9 @@ impl AttributeFiles {
     /// Removes the temp files a writer killed between staging and
     /// committing left (see [`crate::prepare::atomic::remove_abandoned`]).
     pub(crate) fn remove_abandoned(&self) -> std::io::Result<Vec<PathBuf>> {
-        let prefix = format!("{}-", self.driver);
         crate::prepare::atomic::remove_abandoned(
             &self.dir,
-            |target| target.starts_with(&prefix) && target.ends_with(".json"),
+            |target| self.claim_of(target).is_some(),
             crate::prepare::atomic::ABANDONED_AFTER,
         )
     }
@@ -385,6 +397,37 @@ impl<D: Driver> ClaimPipeline<D> {
                 "cannot sweep device attributes files"
             ),
         }
+    }
+}
+
+/// Length of a claim UID in its text form (RFC 4122, `8-4-4-4-12` hex).
+const UID_LEN: usize = 36;
+
+/// Whether `s` is a UID as the API server writes one: RFC 4122 text, hex
+/// digits with hyphens at 8, 13, 18 and 23 (kubelet's claim UIDs are
+/// refused in any other shape before they get here).
+fn is_uid(s: &str) -> bool {
+    s.len() == UID_LEN
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// Whether `s` is a DNS label (RFC 1123): 1 to 63 lowercase letters, digits
+/// or `-`, starting and ending with a letter or digit. Request names and a
+/// pod's claim names are; nothing else becomes a path component.
+fn is_dns_label(s: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let bytes = s.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            bytes.len() <= 63
+                && alnum(first)
+                && alnum(last)
+                && bytes.iter().all(|&b| alnum(b) || b == b'-')
+        }
+        _ => false,
     }
 }
 

@@ -4,15 +4,19 @@
 //! device it prepared, `Ready=True` with the data the drivers document
 //! (`docs/attributes.md`, "Claim device status"), as its own field manager;
 //! the EFA driver's credentials cannot rewrite the Neuron driver's entry
-//! (the chart's RBAC and admission policy); once the pod is gone the entries
-//! are gone while the claim stays.
+//! (the chart's RBAC and admission policy); the claim and its pod deleted
+//! and recreated at once under the same names on the same node: the new
+//! claim has exactly its own entries, and keeps them (every status apply
+//! is guarded by the claim's UID, writes are ordered per claim name); once
+//! the pod is gone the entries are gone while the claim stays.
 
 use std::time::Duration;
 
 use anyhow::{Result, anyhow, bail, ensure};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::allocate::{GONE, RUNNING};
@@ -24,6 +28,9 @@ const CLAIM: &str = "chip-and-efa";
 const POD: &str = "status-probe";
 /// Status is written after prepare answers, with retries a second apart.
 const STATUS_WAIT: Duration = Duration::from_secs(30);
+/// How long the recreated claim's entries are watched for a late write of
+/// the old claim (a status write's first four retries come within 15 s).
+const LATE_WRITES: Duration = Duration::from_secs(16);
 
 /// Scenario 29.
 pub async fn claim_device_status(tb: &impl Testbed, ns: &str) -> Result<()> {
@@ -40,32 +47,10 @@ pub async fn claim_device_status(tb: &impl Testbed, ns: &str) -> Result<()> {
         }},
     });
     let pod = kit::pod_with_claim(tb, POD, None, Some(CLAIM), Some(NODE));
-    kit::apply_all(tb, ns, &[claim, pod]).await?;
+    kit::apply_all(tb, ns, &[claim.clone(), pod.clone()]).await?;
     kit::running(tb, ns, POD, RUNNING).await?;
     let api: Api<ResourceClaim> = Api::namespaced(tb.client(), ns);
-    let object = kit::wait_for(tb, "a Ready entry per device", STATUS_WAIT, || async {
-        let c = api.get(CLAIM).await?;
-        let entries = entries(&c)?;
-        let ready: Vec<(&str, &str, &str)> = entries
-            .iter()
-            .filter(|e| condition(e) == ("True", "Prepared"))
-            .map(|e| (str_of(e, "driver"), str_of(e, "pool"), str_of(e, "device")))
-            .collect();
-        // Named in the timeout's message: which driver did not write.
-        let missing: Vec<String> = kit::allocation(&c)
-            .iter()
-            .filter(|a| !ready.contains(&(a.driver.as_str(), a.pool.as_str(), a.device.as_str())))
-            .map(|a| format!("{} {}/{}", a.driver, a.pool, a.device))
-            .collect();
-        if missing.is_empty() {
-            Ok(Some(c))
-        } else {
-            Err(anyhow!(
-                "no Ready entry yet for {missing:?}; entries: {entries:?}"
-            ))
-        }
-    })
-    .await?;
+    let object = ready_entries(tb, &api).await?;
     let allocated = kit::allocation(&object);
     ensure!(allocated.len() == 2, "allocated {allocated:?}");
     for e in entries(&object)? {
@@ -116,6 +101,7 @@ pub async fn claim_device_status(tb: &impl Testbed, ns: &str) -> Result<()> {
     }
 
     forged_entry_refused(tb, ns, &allocated).await?;
+    recreated_keeps_its_own_entries(tb, ns, &[claim, pod]).await?;
 
     kit::delete_pods(tb, ns, &[POD], GONE).await?;
     kit::wait_for(tb, "the entries cleared", STATUS_WAIT, || async {
@@ -128,6 +114,88 @@ pub async fn claim_device_status(tb: &impl Testbed, ns: &str) -> Result<()> {
     .await?;
     api.delete(CLAIM, &Default::default()).await?;
     Ok(())
+}
+
+/// Waits until the claim has a `Ready=True` entry for every device of its
+/// allocation, and returns it.
+async fn ready_entries(tb: &impl Testbed, api: &Api<ResourceClaim>) -> Result<ResourceClaim> {
+    kit::wait_for(tb, "a Ready entry per device", STATUS_WAIT, || async {
+        let c = api.get(CLAIM).await?;
+        let entries = entries(&c)?;
+        let ready: Vec<(&str, &str, &str)> = entries
+            .iter()
+            .filter(|e| condition(e) == ("True", "Prepared"))
+            .map(|e| (str_of(e, "driver"), str_of(e, "pool"), str_of(e, "device")))
+            .collect();
+        // Named in the timeout's message: which driver did not write.
+        let missing: Vec<String> = kit::allocation(&c)
+            .iter()
+            .filter(|a| !ready.contains(&(a.driver.as_str(), a.pool.as_str(), a.device.as_str())))
+            .map(|a| format!("{} {}/{}", a.driver, a.pool, a.device))
+            .collect();
+        if missing.is_empty() {
+            Ok(Some(c))
+        } else {
+            Err(anyhow!(
+                "no Ready entry yet for {missing:?}; entries: {entries:?}"
+            ))
+        }
+    })
+    .await
+}
+
+/// The claim and its pod deleted at once, and recreated under the same
+/// names on the same node as soon as the claim is gone: the old claim's
+/// clear (at its unprepare) races the new claim's prepare. The new claim
+/// (another UID) ends with exactly one `Ready` entry per device of its own
+/// allocation, and still has exactly those after [`LATE_WRITES`].
+async fn recreated_keeps_its_own_entries(
+    tb: &impl Testbed,
+    ns: &str,
+    objects: &[Value],
+) -> Result<()> {
+    let api: Api<ResourceClaim> = Api::namespaced(tb.client(), ns);
+    let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
+    let old_uid = api.get(CLAIM).await?.metadata.uid;
+    pods.delete(POD, &DeleteParams::default()).await?;
+    api.delete(CLAIM, &DeleteParams::default()).await?;
+    kit::wait_for(tb, "the old claim and its pod gone", GONE, || async {
+        let gone = pods.get_opt(POD).await?.is_none() && api.get_opt(CLAIM).await?.is_none();
+        Ok(gone.then_some(()))
+    })
+    .await?;
+    kit::apply_all(tb, ns, objects).await?;
+    kit::running(tb, ns, POD, RUNNING).await?;
+    let object = ready_entries(tb, &api).await?;
+    ensure!(
+        object.metadata.uid != old_uid,
+        "the claim was not recreated: UID {old_uid:?}"
+    );
+    let own = |c: &ResourceClaim| -> Result<()> {
+        let mut want: Vec<(String, String, String)> = kit::allocation(c)
+            .into_iter()
+            .map(|a| (a.driver, a.pool, a.device))
+            .collect();
+        want.sort();
+        let entries = entries(c)?;
+        let mut have: Vec<(String, String, String)> = entries
+            .iter()
+            .filter(|e| condition(e) == ("True", "Prepared"))
+            .map(|e| {
+                let s = |k: &str| str_of(e, k).to_owned();
+                (s("driver"), s("pool"), s("device"))
+            })
+            .collect();
+        have.sort();
+        ensure!(
+            have == want && entries.len() == want.len(),
+            "the recreated claim's entries are not exactly its own Ready ones: allocated {want:?}, entries {entries:?}"
+        );
+        Ok(())
+    };
+    own(&object)?;
+    tokio::time::sleep(LATE_WRITES).await;
+    own(&api.get(CLAIM).await?)
 }
 
 /// The chart's RBAC and admission policy against the real API server: the

@@ -166,7 +166,7 @@ scenarios! {
         => aws_claims::ultraserver;
     s28_apiserver_outage [] testbed [StopApiServer] "API server stopped, p5's EFA driver started meanwhile: kubelet registers it and its pending unprepare runs from the checkpoint; API server back: the same process becomes ready, its slices unchanged, a new pod runs"
         => outage::apiserver_outage;
-    s29_claim_device_status [] "a ResourceClaim of one chip and its EFA on trn2: each driver writes a Ready entry per prepared device with its data, as its own field manager; the entries are gone once the pod is, the claim stays"
+    s29_claim_device_status [] "a ResourceClaim of one chip and its EFA on trn2: each driver writes a Ready entry per prepared device with its data, as its own field manager; the claim and pod deleted and recreated under the same names: the new claim has exactly its own entries; the entries are gone once the pod is, the claim stays"
         => claim_status::claim_device_status;
     s30_device_attribute_files [] "4 chips + 4 EFAs on trn2: each driver's attributes file per request holds its allocated devices with their published attributes (chips and EFAs paired by devicegroup1_id), the claim's CDI spec mounts it read-only, the container sees the same bytes; gone after unprepare"
         => attribute_files::device_attribute_files;

@@ -238,22 +238,33 @@ fn touch(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
+const UID_A: &str = "0b7c6a58-2f3e-4f7e-9d55-00000000000a";
+const UID_B: &str = "0b7c6a58-2f3e-4f7e-9d55-00000000000b";
+const UID_C: &str = "0b7c6a58-2f3e-4f7e-9d55-00000000000c";
+
 #[test]
 fn unprepare_and_the_start_sweep_remove_only_what_is_no_longer_prepared() {
     let dir = tempfile::tempdir().unwrap();
     let f = files(dir.path());
-    let (a, b) = ("uid-a", "uid-b");
+    let (a, b, c) = (UID_A, UID_B, UID_C);
     let a1 = touch(dir.path(), &format!("{DRIVER}-{a}-r1.json"));
     let a2 = touch(dir.path(), &format!("{DRIVER}-{a}-r2.json"));
     let b1 = touch(dir.path(), &format!("{DRIVER}-{b}-r1.json"));
-    // Another driver's file of the same claim, and a claim whose UID
-    // starts like `a`'s.
+    let c1 = touch(dir.path(), &format!("{DRIVER}-{c}-r1.json"));
+    // Another driver's file of the same claim, and names that only start
+    // like ours: not a UID, a UID followed by more, not a request name.
     let other = touch(dir.path(), &format!("efa.networking.k8s.aws-{a}-r1.json"));
-    let longer = touch(dir.path(), &format!("{DRIVER}-{a}x-r1.json"));
+    let not_ours = [
+        touch(dir.path(), &format!("{DRIVER}-uid-a-r1.json")),
+        touch(dir.path(), &format!("{DRIVER}-{a}x-r1.json")),
+        touch(dir.path(), &format!("{DRIVER}-{a}-R1.json")),
+        touch(dir.path(), &format!("{DRIVER}-{a}-.json")),
+        touch(dir.path(), &format!("{DRIVER}-{a}-r1.json.bak")),
+    ];
 
     f.remove_claim(a).unwrap();
     assert!(!a1.exists() && !a2.exists());
-    assert!(b1.exists() && other.exists() && longer.exists());
+    assert!(b1.exists() && other.exists());
     f.remove_claim(a).unwrap();
 
     let held = BTreeMap::from([(
@@ -265,15 +276,135 @@ fn unprepare_and_the_start_sweep_remove_only_what_is_no_longer_prepared() {
             cdi_spec_path: PathBuf::new(),
         },
     )]);
-    assert_eq!(
-        f.remove_stale(&held).unwrap(),
-        std::slice::from_ref(&longer)
-    );
-    assert!(b1.exists() && other.exists() && !longer.exists());
+    assert_eq!(f.remove_stale(&held).unwrap(), std::slice::from_ref(&c1));
+    assert!(b1.exists() && other.exists() && !c1.exists());
+    for path in &not_ours {
+        assert!(path.exists(), "{} is not ours to remove", path.display());
+    }
 
     let missing = files(&dir.path().join("never-made"));
     assert!(missing.remove_stale(&held).unwrap().is_empty());
     missing.remove_claim(a).unwrap();
+}
+
+/// Two instances under driver names `d` and `d-canary` (the chart documents
+/// renaming one) sharing the directory: each one's unprepare, start sweep
+/// and temp-file sweep leave the other's files.
+#[test]
+fn a_driver_named_ours_plus_a_suffix_keeps_its_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = files(dir.path());
+    let canary = AttributeFiles {
+        host_dir: Some(dir.path().to_path_buf()),
+        ..Default::default()
+    }
+    .for_driver(&format!("{DRIVER}-canary"), Path::new("/var/run/cdi"));
+    // The same claim has devices of both; each has one claim of its own.
+    let d_files = [
+        touch(dir.path(), &format!("{DRIVER}-{UID_A}-r.json")),
+        touch(dir.path(), &format!("{DRIVER}-{UID_B}-r.json")),
+    ];
+    let canary_files = [
+        touch(dir.path(), &format!("{DRIVER}-canary-{UID_A}-r.json")),
+        touch(dir.path(), &format!("{DRIVER}-canary-{UID_C}-r.json")),
+    ];
+    // Temp files of both, as a killed writer leaves them, an hour old.
+    let abandoned = |name: &str| {
+        let path = touch(dir.path(), &format!(".{name}.tmp-41-0"));
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        path
+    };
+    let d_temp = abandoned(&format!("{DRIVER}-{UID_B}-r.json"));
+    let canary_temp = abandoned(&format!("{DRIVER}-canary-{UID_C}-r.json"));
+
+    d.remove_claim(UID_A).unwrap();
+    assert!(!d_files[0].exists());
+    assert!(
+        canary_files[0].exists(),
+        "the canary's file of the same claim"
+    );
+    assert_eq!(
+        d.remove_stale(&BTreeMap::new()).unwrap(),
+        [d_files[1].clone()]
+    );
+    assert_eq!(d.remove_abandoned().unwrap(), [d_temp]);
+    assert!(canary_files.iter().all(|p| p.exists()) && canary_temp.exists());
+
+    let d_again = touch(dir.path(), &format!("{DRIVER}-{UID_C}-r.json"));
+    canary.remove_claim(UID_C).unwrap();
+    assert!(!canary_files[1].exists() && d_again.exists());
+    assert_eq!(
+        canary.remove_stale(&BTreeMap::new()).unwrap(),
+        [canary_files[0].clone()]
+    );
+    assert_eq!(canary.remove_abandoned().unwrap(), [canary_temp]);
+    assert!(d_again.exists(), "the canary's sweep left d's file");
+}
+
+/// `resource.kubernetes.io/pod-claim-name` can be set by whoever writes the
+/// claim: only a DNS label (what a pod's claim names are) becomes a path
+/// component; anything else falls back to `resourceclaims/<claim name>`.
+#[test]
+fn a_pod_claim_name_that_is_not_a_dns_label_is_not_a_path() {
+    let f = files(Path::new("/var/run/dra-device-attributes"));
+    let by_claim = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/shared/chips/neuron.aws.com-metadata.json";
+    let long = "a".repeat(64);
+    for bad in [
+        "../x",
+        "a/b",
+        long.as_str(),
+        "Accel",
+        "-a",
+        "a-",
+        ".",
+        "a.b",
+        "a b",
+    ] {
+        assert_eq!(
+            f.container_path("shared", Some(bad), "chips"),
+            by_claim,
+            "{bad:?}"
+        );
+    }
+    let longest = "a".repeat(63);
+    for good in ["accel", "a", "0-a-9", longest.as_str()] {
+        assert_eq!(
+            f.container_path("shared", Some(good), "chips"),
+            format!(
+                "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/{good}/chips/neuron.aws.com-metadata.json"
+            ),
+        );
+    }
+
+    // Staged: the file's mount and its content leave the value out.
+    let dir = tempfile::tempdir().unwrap();
+    let f = files(dir.path());
+    let object = claim_object(Some("../../etc"), &[("chips", "neurondevice0")]);
+    let (mounts, staged): (Vec<_>, Vec<_>) = f
+        .stage(
+            &claim_ref(UID),
+            Some(&object),
+            &[prepared("neurondevice0", &["chips"])],
+        )
+        .unwrap()
+        .into_iter()
+        .unzip();
+    commit(staged).unwrap();
+    assert_eq!(
+        mounts[0].container_path,
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train-0-chips-x7k2p/chips/neuron.aws.com-metadata.json"
+    );
+    assert!(
+        stream(&mounts[0].host_path)[0]
+            .get("podClaimName")
+            .is_none()
+    );
 }
 
 #[test]
@@ -418,7 +549,9 @@ async fn prepare_writes_and_mounts_the_file_unprepare_and_a_restart_remove_it() 
     // while no driver ran): the next start's sweep removes the file.
     p.prepare(vec![claim_ref(UID)]).await.unwrap();
     assert!(file.exists());
-    p.checkpoint.save(&Default::default()).unwrap();
+    let mut forgotten = p.checkpoint.load().unwrap();
+    forgotten.claims.clear();
+    p.checkpoint.save(&forgotten).unwrap();
     let restarted = pipeline(dir.path(), &claims);
     restarted.sweep_attribute_files().await;
     assert!(!file.exists(), "the start sweep left {}", file.display());

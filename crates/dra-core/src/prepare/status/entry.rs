@@ -117,7 +117,9 @@ fn network(device: &str, n: &NetworkData) -> Option<NetworkDeviceData> {
 }
 
 /// The apply body for a claim: our entries; none clears them (the field
-/// manager then owns nothing in `status.devices`).
+/// manager then owns nothing in `status.devices`). It names the claim's UID,
+/// so that the API server refuses it for another claim of the same name
+/// (see [`crate::prepare::status::api`]).
 pub(crate) fn apply_body(
     driver: &str,
     claim: &ClaimRef,
@@ -127,7 +129,7 @@ pub(crate) fn apply_body(
     let mut body = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": claim.name, "namespace": claim.namespace},
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
     });
     if !slots.is_empty() {
         let devices: Vec<AllocatedDeviceStatus> =

@@ -14,13 +14,23 @@
 //! Writing never fails or delays a prepare: the pipeline hands the claim as
 //! it read it to a bounded queue ([`ClaimStatus`]) after answering, and a
 //! task resolves it, asks the driver for its data and applies it, each claim
-//! through its own writer ([`writer`]) with a timeout per request and a
+//! name through its own writer ([`writer`]) with a timeout per request and a
 //! bounded number of retries; failures and a full queue are counted in
 //! `aws_dra_plugin_claim_status_writes_total`.
 //!
+//! Identity: an apply addresses a claim by namespace and name, which a
+//! claim deleted and recreated keeps. Every apply therefore carries the
+//! claim's UID, which the API server checks ([`api`]): a write for the old
+//! claim never lands on the new one (it is dropped and counted `stale`),
+//! and writes are ordered per name, so the new claim's entries are written
+//! after the old claim's clear, never overtaken by it ([`writer`]).
+//!
 //! Limits: the entries of claims prepared by an earlier run of the driver are
 //! not rewritten on a health change until kubelet prepares them again (the
-//! checkpoint keeps no claim object to build them from).
+//! checkpoint keeps no claim object to build them from). The task takes the
+//! claim prepared last under a name for the live one: were a deleted claim's
+//! prepare answered after its successor's, the successor's entries would be
+//! left to the API server, which drops them at deallocation.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -188,7 +188,11 @@ async fn a_prepared_claim_gets_one_ready_entry_per_device_once() {
     assert_eq!(bodies.len(), 1);
     let (name, body) = &bodies[0];
     assert_eq!(name, "a");
-    assert_eq!(body["metadata"], json!({"name": "a", "namespace": "ns"}));
+    assert_eq!(
+        body["metadata"],
+        json!({"name": "a", "namespace": "ns", "uid": "uid-a"}),
+        "the UID is the apply's precondition"
+    );
     let e = entries(body);
     assert_eq!(e.len(), 2, "only this driver's devices: {e:?}");
     assert_eq!(
@@ -457,4 +461,5 @@ fn the_write_counter_is_named_by_the_rule() {
     assert_eq!(names, ["aws_dra_plugin_claim_status_writes_total"]);
 }
 
+mod identity;
 mod shapes;

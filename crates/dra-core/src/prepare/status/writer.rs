@@ -1,5 +1,5 @@
 //! The status task: what each claim's entries should say, and one writer per
-//! claim that applies it.
+//! claim name that applies it.
 //!
 //! The [`Tracker`] keeps the claims this process prepared (their devices,
 //! the driver's data, each device's readiness) and turns every event into
@@ -8,9 +8,19 @@
 //! of one of its devices (the `Ready` condition flips; its
 //! `lastTransitionTime` moves only then). A claim's writer applies only the
 //! latest desired state: one that arrives while a write waits for a retry
-//! replaces it. A claim released and prepared again gets a new writer that
-//! first waits for the old one, so a late clear never removes the new
-//! entries.
+//! replaces it.
+//!
+//! Identity: writers and tracked claims are keyed by namespace and name, not
+//! UID, because that is what an apply addresses. At most one UID is tracked
+//! per name: a claim prepared under a name that held another UID replaces it
+//! (two claims of one name never exist at once, so the other one is gone,
+//! and its pending write is moot), and a later unprepare of the replaced UID
+//! writes nothing (its entries went with its object; counted `stale`). A
+//! name released (cleared) and prepared again, as the same claim or a new
+//! one, gets a new writer that first waits for the old one, so a late clear
+//! never overtakes the new entries. And every apply carries the claim's UID
+//! ([`crate::prepare::status::api`]): one that reaches another claim of the
+//! name is refused and dropped (`stale`), never retried.
 //!
 //! Bounds: each request [`REQUEST_TIMEOUT`](crate::prepare::status::api::REQUEST_TIMEOUT);
 //! [`ATTEMPTS`] tries per desired state, [`FIRST_RETRY`] apart and doubling
@@ -49,6 +59,13 @@ pub(crate) struct Desired {
     pub(crate) slots: Vec<Slot>,
 }
 
+/// A claim's namespace and name: what an apply addresses.
+type Name = (String, String);
+
+fn name_of(claim: &ClaimRef) -> Name {
+    (claim.namespace.clone(), claim.name.clone())
+}
+
 struct Writer {
     desired: watch::Sender<Desired>,
     task: JoinHandle<()>,
@@ -63,11 +80,12 @@ pub(crate) struct Tracker<D: Driver> {
     metrics: StatusMetrics,
     /// Readiness by (pool, device): healthy, what failed.
     health: HashMap<(String, String), (bool, String)>,
-    /// What was last asked of each tracked claim's writer, by claim UID.
-    claims: HashMap<String, Desired>,
-    writers: HashMap<String, Writer>,
+    /// What was last asked of each tracked claim's writer, by claim name
+    /// (the UID is the desired state's).
+    claims: HashMap<Name, Desired>,
+    writers: HashMap<Name, Writer>,
     /// Writers of released claims still finishing their clear.
-    retiring: HashMap<String, JoinHandle<()>>,
+    retiring: HashMap<Name, JoinHandle<()>>,
 }
 
 impl<D: Driver> Tracker<D> {
@@ -123,24 +141,38 @@ impl<D: Driver> Tracker<D> {
                 let Some(desired) = self.desired_for(&claim, &object) else {
                     return;
                 };
-                if self
-                    .claims
-                    .get(&claim.uid)
-                    .is_some_and(|d| same_devices(d, &desired))
-                {
-                    tracing::debug!(claim = %claim, "no status write: these entries are already written");
-                    return;
+                let name = name_of(&claim);
+                match self.claims.get(&name) {
+                    Some(d) if same_devices(d, &desired) => {
+                        tracing::debug!(claim = %claim, "no status write: these entries are already written");
+                        return;
+                    }
+                    Some(d) if d.claim.uid != claim.uid => {
+                        tracing::debug!(claim = %claim, replaced = %d.claim.uid, "claim recreated under its name; the old one's status is no longer written");
+                    }
+                    Some(_) => {}
+                    None if self.claims.len() >= MAX_CLAIMS => {
+                        tracing::warn!(claim = %claim, limit = MAX_CLAIMS, "too many claims tracked; no status for this one");
+                        self.metrics.write("dropped");
+                        return;
+                    }
+                    None => {}
                 }
-                if !self.claims.contains_key(&claim.uid) && self.claims.len() >= MAX_CLAIMS {
-                    tracing::warn!(claim = %claim, limit = MAX_CLAIMS, "too many claims tracked; no status for this one");
-                    self.metrics.write("dropped");
-                    return;
-                }
-                self.claims.insert(claim.uid.clone(), desired.clone());
+                self.claims.insert(name, desired.clone());
                 self.write(desired);
             }
             Event::Unprepared { claim } => {
-                self.claims.remove(&claim.uid);
+                let name = name_of(&claim);
+                if let Some(d) = self.claims.get(&name)
+                    && d.claim.uid != claim.uid
+                {
+                    // Replaced by a claim of the same name: this one's object,
+                    // and its entries with it, are gone.
+                    tracing::debug!(claim = %claim, current = %d.claim.uid, "no status clear: the name holds another claim now");
+                    self.metrics.write("stale");
+                    return;
+                }
+                self.claims.remove(&name);
                 self.write(Desired {
                     claim,
                     generation: None,
@@ -254,18 +286,18 @@ impl<D: Driver> Tracker<D> {
         }
     }
 
-    /// Hands `desired` to the claim's writer (started when there is none);
-    /// a clear retires the writer once it is done.
+    /// Hands `desired` to the writer of the claim's name (started when
+    /// there is none); a clear retires the writer once it is done.
     fn write(&mut self, desired: Desired) {
         self.retiring.retain(|_, task| !task.is_finished());
-        let uid = desired.claim.uid.clone();
+        let name = name_of(&desired.claim);
         let clear = desired.slots.is_empty();
-        match self.writers.get(&uid) {
+        match self.writers.get(&name) {
             Some(w) => {
                 w.desired.send_replace(desired);
             }
             None => {
-                let before = self.retiring.remove(&uid);
+                let before = self.retiring.remove(&name);
                 let (tx, rx) = watch::channel(desired);
                 let task = tokio::spawn(write_claim(
                     rx,
@@ -275,17 +307,18 @@ impl<D: Driver> Tracker<D> {
                     self.metrics.clone(),
                 ));
                 self.writers
-                    .insert(uid.clone(), Writer { desired: tx, task });
+                    .insert(name.clone(), Writer { desired: tx, task });
             }
         }
-        if clear && let Some(w) = self.writers.remove(&uid) {
-            self.retiring.insert(uid, w.task);
+        if clear && let Some(w) = self.writers.remove(&name) {
+            self.retiring.insert(name, w.task);
         }
     }
 }
 
-/// Whether two desired states name the same devices at the same generation
-/// (a repeated prepare of a claim already written).
+/// Whether two desired states are of one claim (UID) and name the same
+/// devices at the same generation (a repeated prepare of a claim already
+/// written).
 fn same_devices(a: &Desired, b: &Desired) -> bool {
     let keys = |d: &Desired| -> Vec<(String, String, Option<String>)> {
         d.slots
@@ -293,11 +326,12 @@ fn same_devices(a: &Desired, b: &Desired) -> bool {
             .map(|s| (s.pool.clone(), s.device.clone(), s.share_id.clone()))
             .collect()
     };
-    a.generation == b.generation && keys(a) == keys(b)
+    a.claim.uid == b.claim.uid && a.generation == b.generation && keys(a) == keys(b)
 }
 
-/// One claim's writer: applies the latest desired state until its sender
-/// is gone; `before`: the writer of an earlier life of the claim.
+/// One claim name's writer: applies the latest desired state until its
+/// sender is gone; `before`: the writer of an earlier life of the name (the
+/// same claim released, or a claim deleted and recreated).
 async fn write_claim(
     mut rx: watch::Receiver<Desired>,
     before: Option<JoinHandle<()>>,
@@ -339,6 +373,11 @@ async fn apply_with_retries(
             Err(ApplyError::Gone) => {
                 metrics.write("gone");
                 tracing::debug!(claim = %claim, "claim gone; no device status to write");
+                return false;
+            }
+            Err(ApplyError::Stale) => {
+                metrics.write("stale");
+                tracing::debug!(claim = %claim, "the claim's name holds another claim (another UID); this status write is dropped");
                 return false;
             }
             Err(ApplyError::Refused(error)) => {

@@ -8,8 +8,8 @@ use prometheus::Registry;
 
 use super::api::NODE_EVENT_NAMESPACE;
 use super::clash_report::{CLASH_EVENT_REASON, ClashReport, clash_event};
-use crate::publish::clash::Withheld;
 use super::config::{PublishMetrics, PublisherConfig, PublisherConfigError};
+use crate::publish::clash::Withheld;
 use crate::publish::clash::{ClashSource, FOREIGN_PUBLISHERS, find_clashes};
 use crate::publish::desired::{NodeOwner, PoolContent};
 use crate::publish::reconcile::reconcile;
