@@ -1,7 +1,8 @@
 //! Checkpoint loading from whatever is in the file (a torn write, another
 //! version, a hand edit): never a panic; a file that is not a checkpoint of
-//! this boot loads as empty, a corrupt one is moved aside, and a newer
-//! version's is refused and left exactly as it was.
+//! this boot loads as empty, and a corrupt one (moved aside only by the
+//! pipeline's read under the data-dir lock) and a newer version's are
+//! refused and left exactly as they were.
 #![no_main]
 
 use std::path::{Component, Path};
@@ -34,8 +35,9 @@ fn outside(path: &Path, dir: &Path) -> bool {
 
 fuzz_target!(|data: &[u8]| {
     let f = fixture();
-    // A checkpoint from another boot makes `load` remove the CDI specs it
-    // names: never let the fuzzer name files outside its own directory.
+    // A checkpoint from another boot makes the locked read remove the CDI
+    // specs it names: never let the fuzzer name files outside its own
+    // directory (should `load` ever do it too).
     if let Ok(checkpoint) = serde_json::from_slice::<Checkpoint>(data)
         && checkpoint
             .claims
@@ -47,9 +49,9 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(f.store.path(), data).expect("writing the checkpoint");
     match f.store.load() {
         Ok(loaded) => assert!(loaded.boot_id == "boot-1"),
-        Err(CheckpointError::Newer { .. }) => {
+        Err(CheckpointError::Newer { .. } | CheckpointError::Corrupt { .. }) => {
             let kept = std::fs::read(f.store.path()).expect("a refused checkpoint stays");
-            assert!(kept == data, "a newer checkpoint was changed");
+            assert!(kept == data, "a refused checkpoint was changed");
         }
         Err(e) => panic!("loading failed on content: {e}"),
     }

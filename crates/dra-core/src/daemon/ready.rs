@@ -13,6 +13,12 @@
 //! `NotifyRegistrationStatus`) and the publisher
 //! (`PublisherConfig::published`, set on its first successful reconcile).
 //!
+//! One fact can take readiness back after the start: a checkpoint written
+//! by a newer driver (a rollback) makes the plugin refuse every new claim,
+//! so the driver is not ready while the plugin reads one, and `/readyz`
+//! says why ([`follow_checkpoint`]); the rollout then stops on this node
+//! rather than spreading a driver that cannot prepare.
+//!
 //! [`RunningPlugin::registered`]: crate::kubelet::plugin::RunningPlugin::registered
 
 use std::collections::BTreeSet;
@@ -67,7 +73,7 @@ impl Awaited {
 /// is set when nothing is left.
 #[derive(Debug, Clone)]
 pub(crate) struct StartupWaits {
-    pending: Arc<Mutex<BTreeSet<Awaited>>>,
+    pending: Arc<Mutex<Pending>>,
     gauge: IntGaugeVec,
     readiness: Readiness,
 }
@@ -91,7 +97,10 @@ impl StartupWaits {
             gauge.with_label_values(&[what.label()]).set(1);
         }
         let waits = Self {
-            pending: Arc::new(Mutex::new(Awaited::ALL.into_iter().collect())),
+            pending: Arc::new(Mutex::new(Pending {
+                start: Awaited::ALL.into_iter().collect(),
+                checkpoint: None,
+            })),
             gauge,
             readiness,
         };
@@ -99,38 +108,90 @@ impl StartupWaits {
         Ok(waits)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<Awaited>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn describe(&self, pending: &BTreeSet<Awaited>) {
-        let words: Vec<&str> = pending.iter().map(|w| w.words()).collect();
+    fn describe(&self, pending: &Pending) {
+        let mut words: Vec<String> = pending.start.iter().map(|w| w.words().into()).collect();
+        if let Some(refusal) = &pending.checkpoint {
+            words.push(format!("a checkpoint this build can read ({refusal})"));
+        }
         self.readiness.set_waiting_for(words.join("; "));
     }
 
-    /// `what` came; ready when it was the last.
+    /// `what` came; ready when it was the last (and the checkpoint reads).
     pub(crate) fn done(&self, what: Awaited) {
         let mut pending = self.lock();
-        if !pending.remove(&what) {
+        if !pending.start.remove(&what) {
             return;
         }
         self.gauge.with_label_values(&[what.label()]).set(0);
         self.describe(&pending);
-        if pending.is_empty() {
-            self.readiness.set(true);
-            tracing::info!(
-                "ready: the API server answered, kubelet registered the plugin and the slices are published"
-            );
+        if pending.start.is_empty() {
+            self.readiness.set(pending.checkpoint.is_none());
+            match &pending.checkpoint {
+                None => tracing::info!(
+                    "ready: the API server answered, kubelet registered the plugin and the slices are published"
+                ),
+                Some(why) => tracing::warn!(
+                    error = why,
+                    "started, but not ready: the checkpoint is a newer driver's"
+                ),
+            }
         } else {
-            let left: Vec<&str> = pending.iter().map(|w| w.label()).collect();
+            let left: Vec<&str> = pending.start.iter().map(|w| w.label()).collect();
             tracing::info!(came = what.label(), waiting_for = ?left, "not ready yet");
         }
+    }
+
+    /// The plugin read a checkpoint of a newer version (`Some`: why no new
+    /// claim is prepared) or one it reads (`None`): not ready while the
+    /// former, whatever the start did.
+    pub(crate) fn checkpoint_newer(&self, refusal: Option<String>) {
+        let mut pending = self.lock();
+        if pending.checkpoint == refusal {
+            return;
+        }
+        match &refusal {
+            Some(why) => {
+                tracing::error!(error = why, "not ready: the checkpoint is a newer driver's")
+            }
+            None => tracing::info!("the checkpoint is one this build reads again"),
+        }
+        pending.checkpoint = refusal;
+        self.describe(&pending);
+        self.readiness
+            .set(pending.start.is_empty() && pending.checkpoint.is_none());
     }
 
     /// Whether `what` is still awaited.
     #[cfg(test)]
     pub(crate) fn is_waiting_for(&self, what: Awaited) -> bool {
-        self.lock().contains(&what)
+        self.lock().start.contains(&what)
+    }
+}
+
+/// What readiness waits for: the start's steps, and a checkpoint this
+/// build can read.
+#[derive(Debug)]
+struct Pending {
+    start: BTreeSet<Awaited>,
+    /// Why no new claim is prepared, while the checkpoint is newer.
+    checkpoint: Option<String>,
+}
+
+/// Follows the plugin's checkpoint (`RunningPlugin::checkpoint_newer`)
+/// into `waits` until the plugin stops.
+pub(crate) async fn follow_checkpoint(
+    mut newer: watch::Receiver<Option<String>>,
+    waits: StartupWaits,
+) {
+    loop {
+        waits.checkpoint_newer(newer.borrow_and_update().clone());
+        if newer.changed().await.is_err() {
+            return;
+        }
     }
 }
 

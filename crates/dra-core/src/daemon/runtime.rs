@@ -33,7 +33,7 @@ use crate::daemon::apiserver::{ApiServerGate, NODE_READ_BACKOFF};
 use crate::daemon::claim_status;
 use crate::daemon::client::{ClientError, kube_client};
 use crate::daemon::ops::{HealthProbe, OpsError, OpsServer, Readiness};
-use crate::daemon::ready::{Awaited, StartupWaits, mark_when};
+use crate::daemon::ready::{Awaited, StartupWaits, follow_checkpoint, mark_when};
 use crate::daemon::rescan::DeviceFeeds;
 use crate::kubelet::plugin::{KubeletPlugin, PluginError, PluginOptions};
 use crate::kubelet::self_check::self_check;
@@ -201,6 +201,10 @@ pub(crate) async fn run<D: Driver>(
         Awaited::Registration,
         waits.clone(),
     ));
+    let checkpoint_task = tokio::spawn(follow_checkpoint(
+        plugin.checkpoint_newer.clone(),
+        waits.clone(),
+    ));
 
     let probe = {
         let sockets = sockets.clone();
@@ -261,6 +265,7 @@ pub(crate) async fn run<D: Driver>(
         }
     };
     registration_task.abort();
+    checkpoint_task.abort();
     let _ = ops_task.await;
     tracing::info!(driver = %driver_name, node = %node_name, "stopped");
     result

@@ -203,6 +203,9 @@ pub struct RunningPlugin {
     /// `NotifyRegistrationStatus` says registered, and again if it says
     /// it rejected the plugin. The readiness gate waits on it.
     pub registered: watch::Receiver<bool>,
+    /// Why no new claim is prepared while the checkpoint is a newer
+    /// version's (`None` otherwise); the readiness follows it.
+    pub(crate) checkpoint_newer: watch::Receiver<Option<String>>,
     task: JoinHandle<Result<(), PluginError>>,
 }
 
@@ -295,15 +298,17 @@ impl<D: Driver> KubeletPlugin<D> {
             group: Default::default(),
             status: status.unwrap_or_default(),
         });
-        // The prepared gauges, from what an earlier run left prepared (a
-        // failure here shows again, and is handled, at the first call).
-        if let Err(e) = pipeline.checkpoint.load() {
-            tracing::warn!(error = %e, "cannot read the checkpoint at start");
-        }
-        // A run killed while writing (SIGKILL, OOM) leaves its temp files;
-        // they are removed once old enough to be nobody's (at most
-        // ABANDONED_AFTER + SWEEP_EVERY after they were written).
-        tokio::spawn(sweep::sweep_abandoned(pipeline.clone(), shutdown.clone()));
+        let checkpoint_newer = pipeline.checkpoint.newer();
+        // What an earlier run left, read under the node lock (see
+        // `read_at_start`); then a run killed while writing (SIGKILL, OOM)
+        // leaves its temp files; they are removed once old enough to be
+        // nobody's (at most ABANDONED_AFTER + SWEEP_EVERY after they were
+        // written).
+        let (first, stop) = (pipeline.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            read_at_start(&first).await;
+            sweep::sweep_abandoned(first, stop).await
+        });
 
         let limits = self.options.connections;
         // A prepare may wait `device_release_wait` for a device's release.
@@ -447,8 +452,25 @@ impl<D: Driver> KubeletPlugin<D> {
         Ok(RunningPlugin {
             sockets,
             registered,
+            checkpoint_newer,
             task,
         })
+    }
+}
+
+/// The checkpoint an earlier run left, read under the node lock (a second
+/// instance may be serving from it): the prepared gauges and the readiness
+/// follow it, and a corrupt file is moved aside (an earlier boot's claims
+/// forgotten) now rather than at the first call. A failure shows again,
+/// and is handled, at the first call.
+async fn read_at_start<D: Driver>(pipeline: &ClaimPipeline<D>) {
+    let read = async {
+        let held = pipeline.lock.lock().await.map_err(|e| e.to_string())?;
+        let read = pipeline.checkpoint.read(&held);
+        read.map(drop).map_err(|e| e.to_string())
+    };
+    if let Err(error) = read.await {
+        tracing::warn!(error, "cannot read the checkpoint at start");
     }
 }
 

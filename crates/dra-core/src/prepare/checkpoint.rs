@@ -7,22 +7,45 @@
 //! (CDI specs under /var/run are gone, kubelet prepares again), so the old
 //! entries are dropped. A file we cannot parse is moved aside, logged and
 //! counted, and we start empty: a crash loop would take all devices down.
+//! Whatever changes the file (moving it aside, forgetting an earlier boot)
+//! happens in [`CheckpointStore::read`], which takes the data-dir lock's
+//! guard: a second instance (a surge pod) may be serving from the same file.
 //!
 //! Nothing is forgotten on a read error: a boot id that cannot be read
 //! judges no reboot (the checkpoint stays as it is), and a checkpoint
-//! written without one adopts the next one read. A checkpoint of a newer
-//! version (a rollback, or the old pod of a surge upgrade) is refused with
-//! an error and kept: the newer build that wrote it still knows its claims.
+//! written without one adopts the next one read.
+//!
+//! Versions ([`format`]): the version is read alone first. A checkpoint of a
+//! newer version (a rollback, or the old pod of a surge upgrade) is refused
+//! and kept byte for byte, never rewritten nor moved: the newer build that
+//! wrote it still knows its claims. Until a build that reads it runs, the
+//! claims it records that this build can read are unprepared (the file
+//! still records them: their UIDs are listed beside it, [`released`]) and
+//! no new claim is prepared. The version changes
+//! only when an older build would misread the file (a field changes type
+//! or meaning, or one it needs goes); a new field keeps it, and an older
+//! build writes the fields it does not know back as it read them, so that
+//! a rollback after an additive change keeps working and loses nothing.
+//! `checkpoint/testdata/` holds a file of every version (and of the current
+//! one with fields of a later build); the tests read them, and this build's
+//! own file must stay byte for byte the committed one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use crate::prepare::atomic::{Staged, commit, remove_if_exists, stage};
 use crate::prepare::driver::PreparedDevice;
+use crate::prepare::lock::DataDirGuard;
 use crate::prepare::metrics::PluginMetrics;
+
+mod format;
+mod released;
+use format::{AsRead, Parsed};
 
 /// The on-disk format version this code writes and reads.
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
@@ -81,9 +104,34 @@ pub enum CheckpointError {
     #[error(
         "checkpoint {path} has version {version}, newer than this build's {CHECKPOINT_VERSION}: \
          written by a newer driver (rolled back, or the old pod of an upgrade); kept as it is, \
-         and no claim is prepared or unprepared here until a driver that reads it runs"
+         and no new claim is prepared here until a driver that reads version {version} runs \
+         (the claims it records are unprepared)"
     )]
     Newer { path: PathBuf, version: u32 },
+    /// Only from `CheckpointStore::load`, which changes nothing; the
+    /// pipeline's read under the data-dir lock moves such a file aside.
+    #[error("checkpoint {path} is corrupt: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+}
+
+/// What [`CheckpointStore::read`] found.
+pub(crate) enum Read {
+    /// This build's version (or none yet): the claims prepared here.
+    Current(Checkpoint),
+    /// A newer version's file, kept as it is.
+    Newer(NewerCheckpoint),
+}
+
+/// A checkpoint of a newer version, as far as this build reads it.
+#[derive(Debug)]
+pub(crate) struct NewerCheckpoint {
+    pub(crate) version: u32,
+    /// Why no new claim is prepared: the [`CheckpointError::Newer`] message.
+    pub(crate) refusal: String,
+    /// The claims it records by UID, each with what unprepare needs (an
+    /// empty `cdi_spec_path` when that did not read) or why it does not
+    /// read; `Err` when its claims do not read at all.
+    pub(crate) claims: Result<BTreeMap<String, Result<PreparedClaim, String>>, String>,
 }
 
 /// Reads and writes the checkpoint file.
@@ -98,6 +146,12 @@ pub struct CheckpointStore {
     /// The only directory whose files a stale checkpoint may have removed.
     cdi_root: PathBuf,
     metrics: PluginMetrics,
+    /// What the file last read held beyond this build's fields; the next
+    /// save writes it back ([`format`]).
+    as_read: Arc<Mutex<AsRead>>,
+    /// The refusal while the file is of a newer version, else `None`
+    /// (the readiness follows it).
+    newer: Arc<watch::Sender<Option<String>>>,
 }
 
 impl CheckpointStore {
@@ -118,7 +172,15 @@ impl CheckpointStore {
             boot_id_path,
             cdi_root,
             metrics,
+            as_read: Default::default(),
+            newer: Arc::new(watch::channel(None).0),
         }
+    }
+
+    /// The refusal while the last file read was of a newer version (`None`
+    /// when it was not), updated on every read.
+    pub(crate) fn newer(&self) -> watch::Receiver<Option<String>> {
+        self.newer.subscribe()
     }
 
     /// Whether `path` is the spec of claim `uid` as the CDI writer names it:
@@ -156,7 +218,7 @@ impl CheckpointStore {
         };
         crate::prepare::atomic::remove_abandoned(
             dir,
-            |target| std::ffi::OsStr::new(target) == name,
+            |target| std::ffi::OsStr::new(target) == name || target == released::FILE,
             crate::prepare::atomic::ABANDONED_AFTER,
         )
     }
@@ -183,20 +245,46 @@ impl CheckpointStore {
         self.metrics.prepared(checkpoint.claims.len(), devices);
     }
 
-    /// The current checkpoint; empty when there is none, when it is from an
-    /// earlier boot, or when it was corrupt (then moved aside). Sets the
-    /// prepared gauges from it.
+    /// The checkpoint as the file has it, changing nothing (no lock
+    /// needed): empty when there is none or it is from an earlier boot;
+    /// [`CheckpointError::Newer`] for a newer version's,
+    /// [`CheckpointError::Corrupt`] for one the pipeline's read (under
+    /// the data-dir lock) would move aside. Sets the prepared gauges from
+    /// it.
     #[cfg_attr(
         not(any(feature = "testing", feature = "fuzzing")),
         allow(unreachable_pub)
     )]
     pub fn load(&self) -> Result<Checkpoint, CheckpointError> {
-        let checkpoint = self.read_current()?;
-        self.count_prepared(&checkpoint);
-        Ok(checkpoint)
+        match self.read_file(false)? {
+            Read::Current(checkpoint) => {
+                self.count_prepared(&checkpoint);
+                Ok(checkpoint)
+            }
+            Read::Newer(newer) => Err(CheckpointError::Newer {
+                path: self.path.clone(),
+                version: newer.version,
+            }),
+        }
     }
 
-    fn read_current(&self) -> Result<Checkpoint, CheckpointError> {
+    /// The current checkpoint, under the data-dir lock (`_held`): empty when
+    /// there is none, when it is from an earlier boot (its CDI specs are
+    /// removed and the file rewritten), or when it was corrupt (then moved
+    /// aside); a newer version's is read as far as this build can and left
+    /// as it is. Sets the prepared gauges from what this build prepared.
+    pub(crate) fn read(&self, _held: &DataDirGuard) -> Result<Read, CheckpointError> {
+        let read = self.read_file(true)?;
+        if let Read::Current(checkpoint) = &read {
+            self.count_prepared(checkpoint);
+        }
+        Ok(read)
+    }
+
+    /// Reads the file; `repair` (the lock is held): moves a corrupt file
+    /// aside, forgets an earlier boot's claims and drops the released ones
+    /// on disk too.
+    fn read_file(&self, repair: bool) -> Result<Read, CheckpointError> {
         let boot_id = self.boot_id();
         let empty = Checkpoint {
             version: CHECKPOINT_VERSION,
@@ -205,7 +293,13 @@ impl CheckpointStore {
         };
         let bytes = match std::fs::read(&self.path) {
             Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(empty),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.remember(AsRead::default(), None);
+                if repair {
+                    self.forget_released()?;
+                }
+                return Ok(Read::Current(empty));
+            }
             Err(source) => {
                 return Err(CheckpointError::Read {
                     path: self.path.clone(),
@@ -213,31 +307,43 @@ impl CheckpointStore {
                 });
             }
         };
-        let parsed = serde_json::from_slice::<Checkpoint>(&bytes)
-            .map_err(|e| e.to_string())
-            .and_then(|c| {
-                if c.version >= CHECKPOINT_VERSION {
-                    Ok(c)
-                } else {
-                    Err(format!(
-                        "unsupported version {} (this build reads {CHECKPOINT_VERSION})",
-                        c.version
-                    ))
+        let checkpoint = match format::parse(&bytes) {
+            Parsed::Current(mut checkpoint, as_read) => {
+                self.remember(as_read, None);
+                self.drop_released(&mut checkpoint, repair)?;
+                checkpoint
+            }
+            Parsed::Newer {
+                version,
+                mut claims,
+            } => {
+                let released = self.released()?;
+                if let Ok(claims) = &mut claims {
+                    claims.retain(|uid, _| !released.contains(uid));
                 }
-            });
-        if let Ok(c) = &parsed
-            && c.version > CHECKPOINT_VERSION
-        {
-            self.metrics.checkpoint_error("newer");
-            return Err(CheckpointError::Newer {
-                path: self.path.clone(),
-                version: c.version,
-            });
-        }
-        let checkpoint = match parsed {
-            Ok(c) => c,
-            Err(reason) => {
+                self.metrics.checkpoint_error("newer");
+                let refusal = CheckpointError::Newer {
+                    path: self.path.clone(),
+                    version,
+                }
+                .to_string();
+                self.remember(AsRead::default(), Some(refusal.clone()));
+                return Ok(Read::Newer(NewerCheckpoint {
+                    version,
+                    refusal,
+                    claims,
+                }));
+            }
+            Parsed::Corrupt(reason) if !repair => {
+                return Err(CheckpointError::Corrupt {
+                    path: self.path.clone(),
+                    reason,
+                });
+            }
+            Parsed::Corrupt(reason) => {
                 let aside = self.move_aside()?;
+                self.remember(AsRead::default(), None);
+                self.forget_released()?;
                 self.metrics.checkpoint_error("corrupt");
                 tracing::error!(
                     path = %self.path.display(),
@@ -245,11 +351,11 @@ impl CheckpointStore {
                     reason,
                     "checkpoint is corrupt; moved aside, starting with no prepared claims"
                 );
-                return Ok(empty);
+                return Ok(Read::Current(empty));
             }
         };
         let Some(boot_id) = boot_id else {
-            return Ok(checkpoint);
+            return Ok(Read::Current(checkpoint));
         };
         if checkpoint.boot_id.is_empty() {
             // Written while the boot id could not be read: whether the node
@@ -260,12 +366,15 @@ impl CheckpointStore {
                 claims = checkpoint.claims.len(),
                 "checkpoint has no boot id; keeping its claims and adopting this boot's"
             );
-            return Ok(Checkpoint {
+            return Ok(Read::Current(Checkpoint {
                 boot_id,
                 ..checkpoint
-            });
+            }));
         }
         if checkpoint.boot_id != boot_id {
+            if !repair {
+                return Ok(Read::Current(empty));
+            }
             tracing::info!(
                 old_boot_id = checkpoint.boot_id,
                 boot_id,
@@ -290,9 +399,81 @@ impl CheckpointStore {
                 }
             }
             self.save(&empty)?;
-            return Ok(empty);
+            return Ok(Read::Current(empty));
         }
-        Ok(checkpoint)
+        Ok(Read::Current(checkpoint))
+    }
+
+    fn released_path(&self) -> PathBuf {
+        self.path.with_file_name(released::FILE)
+    }
+
+    fn released(&self) -> Result<std::collections::BTreeSet<String>, CheckpointError> {
+        let path = self.released_path();
+        released::read(&path).map_err(|source| CheckpointError::Read { path, source })
+    }
+
+    /// Records `uids` as unprepared by this build while the checkpoint is a
+    /// newer version's, which it may not rewrite ([`released`]).
+    pub(crate) fn record_released(
+        &self,
+        _held: &DataDirGuard,
+        uids: &[String],
+    ) -> Result<(), CheckpointError> {
+        let mut all = self.released()?;
+        all.extend(uids.iter().cloned());
+        let path = self.released_path();
+        released::write(&path, all).map_err(|source| {
+            self.metrics.checkpoint_error("write");
+            CheckpointError::Write { path, source }
+        })
+    }
+
+    /// Drops the claims an older build unprepared while this checkpoint was
+    /// newer than it ([`released`]); `repair` (the lock is held): on disk
+    /// too, and the list goes.
+    fn drop_released(
+        &self,
+        checkpoint: &mut Checkpoint,
+        repair: bool,
+    ) -> Result<(), CheckpointError> {
+        let released = self.released()?;
+        if released.is_empty() {
+            return Ok(());
+        }
+        let before = checkpoint.claims.len();
+        checkpoint.claims.retain(|uid, _| !released.contains(uid));
+        if !repair {
+            return Ok(());
+        }
+        tracing::info!(
+            claims = ?released,
+            dropped = before - checkpoint.claims.len(),
+            "dropping the claims an older driver unprepared while the checkpoint was newer than it"
+        );
+        if checkpoint.claims.len() != before {
+            self.save(checkpoint)?;
+        }
+        self.forget_released()
+    }
+
+    /// Removes the list of released claims: applied, or the checkpoint it
+    /// was for is gone (a claim prepared later under one of its UIDs must
+    /// not be dropped).
+    fn forget_released(&self) -> Result<(), CheckpointError> {
+        let path = self.released_path();
+        remove_if_exists(&path).map_err(|source| CheckpointError::Write { path, source })
+    }
+
+    /// Keeps what the file just read held beyond this build's fields, and
+    /// whether it was a newer version's (the refusal, for the readiness).
+    fn remember(&self, as_read: AsRead, newer: Option<String>) {
+        *self.as_read.lock().unwrap_or_else(|e| e.into_inner()) = as_read;
+        self.newer.send_if_modified(|was| {
+            let changed = *was != newer;
+            *was = newer;
+            changed
+        });
     }
 
     fn move_aside(&self) -> Result<PathBuf, CheckpointError> {
@@ -321,7 +502,10 @@ impl CheckpointStore {
         checkpoint: &Checkpoint,
         mut before: Vec<Staged>,
     ) -> Result<(), CheckpointError> {
-        let bytes = serde_json::to_vec_pretty(checkpoint)?;
+        let bytes = format::encode(
+            checkpoint,
+            &self.as_read.lock().unwrap_or_else(|e| e.into_inner()),
+        )?;
         let failed = |path: PathBuf, source| {
             self.metrics.checkpoint_error("write");
             CheckpointError::Write { path, source }
@@ -334,236 +518,4 @@ impl CheckpointStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn store(dir: &Path, boot: &str) -> (CheckpointStore, prometheus::Registry) {
-        let boot_path = dir.join("boot_id");
-        std::fs::write(&boot_path, format!("{boot}\n")).unwrap();
-        let registry = prometheus::Registry::new();
-        let metrics = PluginMetrics::register(&registry).unwrap();
-        (
-            CheckpointStore::new(dir, boot_path, dir.join("cdi"), metrics),
-            registry,
-        )
-    }
-
-    fn sample(spec: PathBuf) -> PreparedClaim {
-        PreparedClaim {
-            namespace: "ns".into(),
-            name: "c".into(),
-            devices: vec![PreparedDevice {
-                request_names: vec!["req".into()],
-                pool: "node".into(),
-                device: "dev-0".into(),
-                admin_access: false,
-                share_ids: vec![],
-                cdi_device_ids: vec!["k8s.x/y=uid-dev-0".into()],
-            }],
-            cdi_spec_path: spec,
-        }
-    }
-
-    #[test]
-    fn round_trip() {
-        let dir = tempfile::tempdir().unwrap();
-        let (s, _) = store(dir.path(), "boot-a");
-        let mut c = s.load().unwrap();
-        assert!(c.claims.is_empty());
-        c.claims
-            .insert("uid".into(), sample(dir.path().join("spec.json")));
-        s.save(&c).unwrap();
-        assert_eq!(s.load().unwrap(), c);
-    }
-
-    /// The prepared gauges follow every save, and a fresh store (a driver
-    /// restart) reads them back from the file; a reboot zeroes them.
-    #[test]
-    fn prepared_gauges_follow_the_checkpoint() {
-        let gauges = |registry: &prometheus::Registry| {
-            let text = crate::prepare::metrics::tests::render(registry);
-            let value = |name: &str| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name} ")))
-                    .and_then(|v| v.parse::<i64>().ok())
-            };
-            (
-                value("aws_dra_checkpoint_claims"),
-                value("aws_dra_checkpoint_devices"),
-            )
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let (s, registry) = store(dir.path(), "boot-a");
-        let mut c = s.load().unwrap();
-        assert_eq!(gauges(&registry), (Some(0), Some(0)));
-        let mut two = sample(dir.path().join("cdi/a.json"));
-        two.devices.push(two.devices[0].clone());
-        two.devices[1].device = "dev-1".into();
-        c.claims.insert("a".into(), two);
-        c.claims
-            .insert("b".into(), sample(dir.path().join("cdi/b.json")));
-        s.save(&c).unwrap();
-        assert_eq!(gauges(&registry), (Some(2), Some(3)));
-        c.claims.remove("a");
-        s.save(&c).unwrap();
-        assert_eq!(gauges(&registry), (Some(1), Some(1)));
-
-        let (restarted, registry) = store(dir.path(), "boot-a");
-        assert_eq!(gauges(&registry), (Some(0), Some(0)));
-        restarted.load().unwrap();
-        assert_eq!(gauges(&registry), (Some(1), Some(1)));
-
-        let (rebooted, registry) = store(dir.path(), "boot-b");
-        rebooted.load().unwrap();
-        assert_eq!(gauges(&registry), (Some(0), Some(0)));
-    }
-
-    #[test]
-    fn boot_id_change_removes_only_the_claims_own_specs() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
-        let (s, _) = store(dir.path(), "boot-a");
-        std::fs::create_dir_all(dir.path().join("cdi/sub")).unwrap();
-        // Outside the root, escaping it, another claim's spec in the root,
-        // another program's file in the root, and a spec of the right name
-        // one level down: each recorded as the spec of claim uid-<i>.
-        let victims = [
-            dir.path().join("elsewhere_uid-0.json"),
-            dir.path().join("cdi/../escaped_uid-1.json"),
-            dir.path().join("cdi/k8s.x-y_someone-else.json"),
-            dir.path().join("cdi/nvidia.yaml"),
-            dir.path().join("cdi/sub/k8s.x-y_uid-4.json"),
-        ];
-        let on_disk = |v: &Path| -> PathBuf {
-            let parent = v.parent().unwrap();
-            if parent.ends_with("..") {
-                dir.path().join(v.file_name().unwrap())
-            } else {
-                v.to_path_buf()
-            }
-        };
-        let mut c = s.load().unwrap();
-        for (i, v) in victims.iter().enumerate() {
-            std::fs::write(on_disk(v), "keep").unwrap();
-            c.claims.insert(format!("uid-{i}"), sample(v.clone()));
-        }
-        s.save(&c).unwrap();
-        let (s2, _) = store(dir.path(), "boot-b");
-        assert!(s2.load().unwrap().claims.is_empty());
-        for v in &victims {
-            assert_eq!(
-                std::fs::read_to_string(on_disk(v)).unwrap(),
-                "keep",
-                "{}",
-                v.display()
-            );
-        }
-    }
-
-    #[test]
-    fn boot_id_change_forgets_claims_and_their_specs() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
-        let (s, _) = store(dir.path(), "boot-a");
-        let spec = dir.path().join("cdi/k8s.x-y_uid.json");
-        std::fs::write(&spec, "{}").unwrap();
-        let mut c = s.load().unwrap();
-        c.claims.insert("uid".into(), sample(spec.clone()));
-        s.save(&c).unwrap();
-        let (s2, _) = store(dir.path(), "boot-b");
-        let loaded = s2.load().unwrap();
-        assert!(loaded.claims.is_empty());
-        assert_eq!(loaded.boot_id, "boot-b");
-        assert!(!spec.exists());
-    }
-
-    /// A boot id that cannot be read forgets nothing: the claims and their
-    /// specs stay, and the next boot id read is adopted, not taken for a
-    /// reboot (that used to delete every spec, twice).
-    #[test]
-    fn unreadable_boot_id_forgets_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
-        let spec = dir.path().join("cdi/a.json");
-        std::fs::write(&spec, "{}").unwrap();
-        let (s, _) = store(dir.path(), "boot-a");
-        let mut c = s.load().unwrap();
-        c.claims.insert("a".into(), sample(spec.clone()));
-        s.save(&c).unwrap();
-
-        for unreadable in ["missing", "empty"] {
-            let boot = dir.path().join("boot_id");
-            match unreadable {
-                "missing" => std::fs::remove_file(&boot).unwrap(),
-                _ => std::fs::write(&boot, "\n").unwrap(),
-            }
-            let loaded = s.load().unwrap();
-            assert_eq!(loaded.claims.len(), 1, "{unreadable}");
-            assert_eq!(loaded.boot_id, "boot-a", "{unreadable}");
-            assert!(spec.exists(), "{unreadable}");
-            // A save while unreadable keeps the recorded boot id.
-            s.save(&loaded).unwrap();
-            std::fs::write(&boot, "boot-a\n").unwrap();
-        }
-
-        // A checkpoint written with no boot id at all (an older build wrote
-        // "" when the read failed) adopts the next one read.
-        let mut no_id = s.load().unwrap();
-        no_id.boot_id.clear();
-        s.save(&no_id).unwrap();
-        let (later, _) = store(dir.path(), "boot-b");
-        let loaded = later.load().unwrap();
-        assert_eq!(loaded.claims.len(), 1);
-        assert_eq!(loaded.boot_id, "boot-b");
-        assert!(spec.exists());
-    }
-
-    /// A newer build's checkpoint is refused by name and left exactly as
-    /// it was (a rollback must not forget what the newer driver prepared).
-    #[test]
-    fn newer_version_is_refused_and_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let (s, registry) = store(dir.path(), "boot-a");
-        let newer = r#"{"version":2,"bootId":"boot-a","claims":{},"more":1}"#;
-        std::fs::write(s.path(), newer).unwrap();
-        let e = s.load().unwrap_err();
-        assert!(
-            matches!(e, CheckpointError::Newer { version: 2, .. }),
-            "{e}"
-        );
-        assert!(e.to_string().contains("newer than this build's 1"), "{e}");
-        assert_eq!(std::fs::read_to_string(s.path()).unwrap(), newer);
-        let text = crate::prepare::metrics::tests::render(&registry);
-        assert!(
-            text.contains("aws_dra_checkpoint_errors_total{reason=\"newer\"} 1"),
-            "{text}"
-        );
-    }
-
-    #[test]
-    fn corrupt_file_is_moved_aside_and_counted() {
-        for garbage in [
-            "{not json",
-            r#"{"version":0,"bootId":"boot-a","claims":{}}"#,
-        ] {
-            let dir = tempfile::tempdir().unwrap();
-            let (s, registry) = store(dir.path(), "boot-a");
-            std::fs::write(s.path(), garbage).unwrap();
-            let loaded = s.load().unwrap();
-            assert!(loaded.claims.is_empty());
-            assert!(!s.path().exists());
-            let aside: Vec<_> = std::fs::read_dir(dir.path())
-                .unwrap()
-                .filter_map(|e| e.ok())
-                .filter(|e| e.file_name().to_string_lossy().contains("corrupt"))
-                .collect();
-            assert_eq!(aside.len(), 1);
-            assert_eq!(std::fs::read_to_string(aside[0].path()).unwrap(), garbage);
-            let text = crate::prepare::metrics::tests::render(&registry);
-            assert!(
-                text.contains("aws_dra_checkpoint_errors_total{reason=\"corrupt\"} 1"),
-                "{text}"
-            );
-        }
-    }
-}
+mod tests;

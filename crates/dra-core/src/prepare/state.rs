@@ -8,7 +8,9 @@
 //! double-allocation guard), call the driver, write the CDI spec, record the
 //! claim.
 //! Unprepare works from the checkpoint alone. Failures are per claim; only
-//! lock or checkpoint I/O failures fail the whole call.
+//! lock or checkpoint I/O failures fail the whole call. A checkpoint of a
+//! newer version is never written: its claims are unprepared and new
+//! claims refused ([`newer`]).
 //!
 //! Concurrent calls (a burst of pods on one node) are served by group
 //! commit ([`group`]): the calls queued while one holds the lock are served
@@ -37,15 +39,18 @@ use tokio::sync::{Notify, oneshot};
 use crate::prepare::atomic::Staged;
 use crate::prepare::attributes_file::{AttributeFiles, attach_mounts};
 use crate::prepare::cdi::CdiWriter;
-use crate::prepare::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, PreparedClaim};
+use crate::prepare::checkpoint::{
+    Checkpoint, CheckpointError, CheckpointStore, PreparedClaim, Read,
+};
 use crate::prepare::claims::{ClaimSource, ClaimSourceError};
 use crate::prepare::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, PreparedDevice};
-use crate::prepare::lock::{DataDirLock, LockError};
+use crate::prepare::lock::{DataDirGuard, DataDirLock, LockError};
 use crate::prepare::metrics::PluginMetrics;
 use crate::prepare::resolve::{ResolveError, resolve_claim_with};
 
 pub(crate) mod group;
-use group::{CallInput, Done, Work};
+mod newer;
+use group::{CallInput, Done, Pass, PassTimings, Work};
 
 /// How often a prepare that waits for a device's release re-reads the
 /// checkpoint, for an unprepare made by another plugin instance (those of
@@ -198,7 +203,7 @@ impl<D: Driver> ClaimPipeline<D> {
                 Err(oneshot::error::TryRecvError::Empty) => {}
             }
             let jobs = self.group.take_all();
-            let result = self.run_group(&jobs).await;
+            let result = self.run_group(&jobs, &guard).await;
             let mut mine = None;
             match result {
                 Ok(done) => {
@@ -224,11 +229,19 @@ impl<D: Driver> ClaimPipeline<D> {
     }
 
     /// One group under the lock: every job against one checkpoint read,
-    /// then one commit of every CDI spec and the checkpoint.
-    async fn run_group(&self, jobs: &[group::Job]) -> Result<Vec<Done>, PipelineError> {
+    /// then one commit of every CDI spec and the checkpoint (a newer
+    /// version's checkpoint: [`newer`]).
+    async fn run_group(
+        &self,
+        jobs: &[group::Job],
+        held: &DataDirGuard,
+    ) -> Result<Vec<Done>, PipelineError> {
         let started = Instant::now();
         crate::prepare::crash::group_size(jobs.len());
-        let mut checkpoint = self.checkpoint.load()?;
+        let mut checkpoint = match self.checkpoint.read(held)? {
+            Read::Current(checkpoint) => checkpoint,
+            Read::Newer(newer) => return Ok(self.serve_newer(jobs, newer, held).await),
+        };
         let load = started.elapsed().as_secs_f64();
         let mut changed = false;
         let mut released = false;
@@ -539,38 +552,6 @@ impl<D: Driver> ClaimPipeline<D> {
 /// rather than answered with CDI ids the runtime cannot find.
 fn spec_in_place(prepared: &PreparedClaim) -> bool {
     prepared.devices.is_empty() || prepared.cdi_spec_path.exists()
-}
-
-/// What one prepare pass came to.
-#[derive(Default)]
-struct Pass {
-    answered: Vec<(usize, PrepareOutcome)>,
-    /// Claims whose device another claim holds, with that claim's UID.
-    held: Vec<(usize, String)>,
-    timings: PassTimings,
-}
-
-/// Seconds spent in each step of a pass (summed over passes for a call).
-#[derive(Default)]
-struct PassTimings {
-    /// Waiting for the group that served the pass (the lock, and the
-    /// calls queued before it in that group).
-    lock: f64,
-    /// Reading the checkpoint (and the boot id), once per group.
-    load: f64,
-    /// Resolving, the driver, the CDI specs of this call's claims.
-    claims: f64,
-    /// Writing the checkpoint, once per group.
-    save: f64,
-}
-
-impl PassTimings {
-    fn add(&mut self, other: &PassTimings) {
-        self.lock += other.lock;
-        self.load += other.load;
-        self.claims += other.claims;
-        self.save += other.save;
-    }
 }
 
 fn check_edits<C>(allocated: &[AllocatedDevice<C>], edits: &[DeviceEdits]) -> Result<(), String> {

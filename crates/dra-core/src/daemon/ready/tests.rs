@@ -102,3 +102,43 @@ fn the_publisher_signal_starts_unset() {
     .unwrap();
     assert!(!*config.published().borrow());
 }
+
+/// A checkpoint written by a newer driver takes readiness back after the
+/// start (and keeps it from coming before), saying why; one this build
+/// reads again gives it back.
+#[tokio::test]
+async fn a_newer_checkpoint_makes_the_driver_not_ready_and_says_why() {
+    let readiness = Readiness::default();
+    let waits = StartupWaits::register(&Registry::new(), readiness.clone()).unwrap();
+    let (newer, newer_rx) = watch::channel(None::<String>);
+    let follow = tokio::spawn(follow_checkpoint(newer_rx, waits.clone()));
+    let refusal = "checkpoint /d/checkpoint.json has version 2, newer than this build's 1";
+    newer.send_replace(Some(refusal.into()));
+    let settle = || tokio::time::sleep(Duration::from_millis(50));
+    settle().await;
+    for what in Awaited::ALL {
+        waits.done(what);
+    }
+    assert!(
+        !readiness.is_ready(),
+        "started, but the checkpoint is newer"
+    );
+    assert_eq!(
+        readiness.waiting_for(),
+        format!("waiting for a checkpoint this build can read ({refusal})")
+    );
+
+    newer.send_replace(None);
+    settle().await;
+    assert!(readiness.is_ready());
+    newer.send_replace(Some(refusal.into()));
+    settle().await;
+    assert!(!readiness.is_ready(), "taken back after the start");
+    assert!(readiness.waiting_for().contains(refusal));
+
+    drop(newer);
+    tokio::time::timeout(Duration::from_secs(5), follow)
+        .await
+        .unwrap()
+        .unwrap();
+}

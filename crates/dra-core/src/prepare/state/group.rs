@@ -32,6 +32,7 @@ use std::time::Instant;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::oneshot;
 
+use super::PrepareOutcome;
 use crate::prepare::claims::ClaimSourceError;
 use crate::prepare::driver::ClaimRef;
 
@@ -58,7 +59,7 @@ pub(super) enum Work {
 
 /// A job's answer: a prepare pass, or unprepare's answers per claim UID.
 pub(super) enum Done {
-    Prepare(super::Pass),
+    Prepare(Pass),
     Unprepare(BTreeMap<String, Result<(), String>>),
 }
 
@@ -109,5 +110,37 @@ impl Queue {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Job>> {
         // A panic while the queue is held leaves a plain Vec: still usable.
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What one prepare pass came to.
+#[derive(Default)]
+pub(super) struct Pass {
+    pub(super) answered: Vec<(usize, PrepareOutcome)>,
+    /// Claims whose device another claim holds, with that claim's UID.
+    pub(super) held: Vec<(usize, String)>,
+    pub(super) timings: PassTimings,
+}
+
+/// Seconds spent in each step of a pass (summed over passes for a call).
+#[derive(Default)]
+pub(super) struct PassTimings {
+    /// Waiting for the group that served the pass (the lock, and the
+    /// calls queued before it in that group).
+    pub(super) lock: f64,
+    /// Reading the checkpoint (and the boot id), once per group.
+    pub(super) load: f64,
+    /// Resolving, the driver, the CDI specs of this call's claims.
+    pub(super) claims: f64,
+    /// Writing the checkpoint, once per group.
+    pub(super) save: f64,
+}
+
+impl PassTimings {
+    pub(super) fn add(&mut self, other: &PassTimings) {
+        self.lock += other.lock;
+        self.load += other.load;
+        self.claims += other.claims;
+        self.save += other.save;
     }
 }

@@ -20,6 +20,7 @@ use crate::prepare::config::InvalidValue;
 use crate::prepare::driver::{ContainerEdits, DeviceNode, DriverError};
 
 mod group_commit;
+mod newer;
 
 const DRIVER: &str = "test.example.com";
 
@@ -422,11 +423,15 @@ async fn unprepare_after_a_lost_checkpoint_removes_the_spec() {
         .find(|p| p.file_name().is_some_and(|n| n == "checkpoint.json"))
         .expect("checkpoint.json in the data dir");
     std::fs::write(&checkpoint, b"{not json").unwrap();
-    assert!(in_checkpoint(&p).is_empty(), "corrupt: starts empty");
+    assert!(
+        matches!(p.checkpoint.load(), Err(CheckpointError::Corrupt { .. })),
+        "corrupt: reported by the view, moved aside by the next call"
+    );
 
     let answers = p.unprepare(vec![c.clone()]).await.unwrap();
     assert_eq!(answers["uid-c"], Ok(()));
     assert!(!spec.exists(), "spec of the forgotten claim left behind");
+    assert!(in_checkpoint(&p).is_empty(), "corrupt: starts empty");
     // A claim never prepared here: still a plain success.
     let other = add(&claims, "other", "dev-2");
     assert_eq!(p.unprepare(vec![other]).await.unwrap()["uid-other"], Ok(()));
