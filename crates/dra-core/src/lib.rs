@@ -59,10 +59,9 @@ pub use prepare::config::{
     config_for_request, decode_allocation_configs, decode_config,
 };
 pub use prepare::driver::{
-    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
-    PreparedDevice,
+    AllocatedDevice, ClaimRef, ContainerEdits, DeviceEdits, DeviceNode, DeviceStatus, Driver,
+    DriverError, NetworkData, PreparedDevice,
 };
-pub use prepare::status::{DeviceStatus, NetworkData};
 pub use publish::node::device_plugin_resources_present;
 pub use scan::attributes;
 pub use scan::inventory::{

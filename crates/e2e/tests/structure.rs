@@ -1,5 +1,5 @@
-//! The shape of the code itself. For the harness: inside the
-//! test crates (`local-cluster`, `e2e`, `long-runs`) and `xtask/src`, no two
+//! The shape of the code itself. Inside `dra-core`, the test crates
+//! (`local-cluster`, `e2e`, `long-runs`) and `xtask/src` (`TREES`), no two
 //! files use each other, directly or in a loop. For every crate of the
 //! workspace (the members listed in the root `Cargo.toml`, read at test time so
 //! that a new crate is covered without editing this file) and the fuzz
@@ -14,8 +14,9 @@
 //! other file: `crate::a::b`, `super::x`, `self::x`, in `use` lines or
 //! inline. `mod x;` declarations do not count: a parent declaring a child is
 //! not a dependency on it. Limits: a path that reaches a module through a
-//! glob import (`use super::*` then `x::f`) or through a crate root's own
-//! `use` without `crate::` is not seen; the crate root itself is not a
+//! glob import (`use super::*` then `x::f`), through a crate root's own
+//! `use` without `crate::`, or from a parent to its own child without
+//! `self::` (`use child::X`) is not seen; the crate root itself is not a
 //! module here (it declares and re-exports everything).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -150,16 +151,18 @@ fn target(
         Some("super") => from[..from.len().saturating_sub(1)].to_vec(),
         _ => return None,
     };
-    let mut best = None;
+    // `super::Item` lands in the parent itself, not only in a module below
+    // it; the crate root is no module here.
+    let file =
+        |base: &Vec<String>| (!base.is_empty() && mods.contains_key(base)).then(|| base.clone());
+    let mut best = file(&base);
     for seg in &path[1..] {
         if seg == "super" {
             base.pop();
-            continue;
+        } else {
+            base.push(seg.clone());
         }
-        base.push(seg.clone());
-        if mods.contains_key(&base) {
-            best = Some(base.clone());
-        }
+        best = file(&base).or(best);
     }
     best
 }
@@ -236,7 +239,8 @@ fn find_cycle(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Option<Ve
     None
 }
 
-const TREES: [&str; 4] = [
+const TREES: [&str; 5] = [
+    "crates/dra-core/src",
     "crates/local-cluster/src",
     "crates/e2e/src",
     "crates/long-runs/src",
@@ -427,7 +431,7 @@ fn the_checker_sees_cycles_and_group_imports() {
         mods.insert(p, PathBuf::new());
     }
     let code = code_of(
-        "use crate::{cluster::X, chart::host::Y};\n// crate::nothing::here\nfn f() { super::host::Z; }\n#[cfg(test)]\nmod tests { use crate::cluster::W; }",
+        "use crate::{cluster::X, chart::host::Y};\n// crate::nothing::here\nfn f() { super::host::Z; super::V; }\n#[cfg(test)]\nmod tests { use crate::cluster::W; }",
     );
     let found: BTreeSet<Vec<String>> = paths_in(&code)
         .iter()
@@ -435,7 +439,12 @@ fn the_checker_sees_cycles_and_group_imports() {
         .collect();
     assert_eq!(
         found,
-        [m("cluster"), vec!["chart".to_string(), "host".to_string()]].into()
+        [
+            m("chart"),
+            m("cluster"),
+            vec!["chart".to_string(), "host".to_string()]
+        ]
+        .into()
     );
 }
 

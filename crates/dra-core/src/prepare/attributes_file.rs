@@ -45,11 +45,10 @@ use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceClaim};
 use serde::Serialize;
 
 use crate::prepare::atomic::{Staged, remove_if_exists, stage};
-use crate::prepare::cdi::CdiWriter;
+use crate::prepare::cdi::{AttributesMount, CdiWriter};
 use crate::prepare::checkpoint::PreparedClaim;
 use crate::prepare::config::base_request;
-use crate::prepare::driver::{ClaimRef, Driver, PreparedDevice};
-use crate::prepare::state::ClaimPipeline;
+use crate::prepare::driver::{ClaimRef, PreparedDevice};
 
 /// Where the files appear inside containers.
 pub(crate) const CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
@@ -116,15 +115,6 @@ impl Default for AttributeFiles {
             dir: PathBuf::from(DEFAULT_HOST_DIR),
         }
     }
-}
-
-/// One file to mount: the CDI writer turns it into a mount device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AttributesMount {
-    /// Base request name.
-    pub(crate) request: String,
-    pub(crate) host_path: PathBuf,
-    pub(crate) container_path: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -360,43 +350,6 @@ impl AttributeFiles {
     pub(crate) fn with_source(mut self, source: AttributeSource) -> Self {
         self.source = Some(source);
         self
-    }
-}
-
-impl<D: Driver> ClaimPipeline<D> {
-    /// Unprepare's part: every file of `claim`, found by its UID.
-    pub(crate) fn remove_attribute_files(&self, claim: &ClaimRef) -> Result<(), String> {
-        self.attribute_files.remove_claim(&claim.uid).map_err(|e| {
-            format!(
-                "unpreparing claim {claim}: removing its device attributes files in {}: {e}",
-                self.attribute_files.dir().display()
-            )
-        })
-    }
-
-    /// At start, under the node lock: removes the files of claims the
-    /// checkpoint no longer holds (unprepared while no driver ran, or by a
-    /// run killed half-way through an unprepare).
-    pub(crate) async fn sweep_attribute_files(&self) {
-        let swept = async {
-            let _guard = self.lock.lock().await.map_err(|e| e.to_string())?;
-            let checkpoint = self.checkpoint.load().map_err(|e| e.to_string())?;
-            self.attribute_files
-                .remove_stale(&checkpoint.claims)
-                .map_err(|e| e.to_string())
-        };
-        match swept.await {
-            Ok(files) if files.is_empty() => {}
-            Ok(files) => tracing::info!(
-                files = ?files,
-                "removed the device attributes files of claims no longer prepared"
-            ),
-            Err(error) => tracing::warn!(
-                error,
-                dir = %self.attribute_files.dir().display(),
-                "cannot sweep device attributes files"
-            ),
-        }
     }
 }
 

@@ -20,7 +20,6 @@ use serde::Serialize;
 #[cfg(any(test, feature = "testing"))]
 use crate::prepare::atomic::commit;
 use crate::prepare::atomic::{Staged, remove_if_exists, stage};
-use crate::prepare::attributes_file::AttributesMount;
 use crate::prepare::driver::{ContainerEdits, DeviceEdits};
 
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +37,15 @@ pub enum CdiError {
     },
     #[error("encoding CDI spec: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+/// One file to mount: the CDI writer turns it into a mount device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AttributesMount {
+    /// Base request name.
+    pub(crate) request: String,
+    pub(crate) host_path: PathBuf,
+    pub(crate) container_path: String,
 }
 
 #[derive(Serialize)]

@@ -12,7 +12,6 @@ use std::future::Future;
 use std::path::Path;
 
 use crate::prepare::config::DriverConfig;
-use crate::prepare::status::DeviceStatus;
 
 /// A claim as kubelet names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -177,6 +176,32 @@ pub trait Driver: Send + Sync + 'static {
         tracing::debug!(claim = %claim, devices = devices.len(), "unprepare: nothing to undo on the host");
         std::future::ready(Ok(()))
     }
+}
+
+/// What a prepared device's entry in the claim's `status.devices` carries
+/// besides its `Ready` condition; a driver gives one per device it knows
+/// more about ([`Driver::device_status`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceStatus {
+    /// The device's name, as allocated.
+    pub device: String,
+    /// The entry's `data`: what a workload or an operator wants to know
+    /// about the device. At most 10 KiB as JSON (the API's limit); a larger
+    /// object is left out and logged.
+    pub data: serde_json::Map<String, serde_json::Value>,
+    /// The entry's `networkData`, for a device with a network interface.
+    pub network: Option<NetworkData>,
+}
+
+/// A network device's `networkData`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NetworkData {
+    /// e.g. `eth1`; at most 256 characters.
+    pub interface_name: String,
+    /// The MAC address, e.g. `0a:1b:2c:3d:4e:5f`; at most 128 characters.
+    pub hardware_address: String,
+    /// Addresses in CIDR notation (`192.0.2.5/24`).
+    pub ips: Vec<String>,
 }
 
 #[cfg(test)]

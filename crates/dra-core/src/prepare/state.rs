@@ -48,6 +48,7 @@ use crate::prepare::lock::{DataDirGuard, DataDirLock, LockError};
 use crate::prepare::metrics::PluginMetrics;
 use crate::prepare::resolve::{ResolveError, resolve_claim_with};
 
+mod attribute_files;
 pub(crate) mod group;
 mod newer;
 use group::{CallInput, Done, Pass, PassTimings, Work};

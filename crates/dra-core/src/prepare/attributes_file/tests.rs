@@ -13,10 +13,11 @@ use crate::prepare::checkpoint::CheckpointStore;
 use crate::prepare::claims::InMemoryClaimSource;
 use crate::prepare::config::InvalidValue;
 use crate::prepare::driver::{
-    AllocatedDevice, ContainerEdits, DeviceEdits, DeviceNode, DriverError,
+    AllocatedDevice, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
 };
 use crate::prepare::lock::DataDirLock;
 use crate::prepare::metrics::PluginMetrics;
+use crate::prepare::state::ClaimPipeline;
 
 const DRIVER: &str = "neuron.aws.com";
 const UID: &str = "0b7c6a58-2f3e-4f7e-9d55-0a4f0f5f1c11";

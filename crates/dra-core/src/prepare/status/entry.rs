@@ -14,7 +14,7 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::prepare::driver::ClaimRef;
-use crate::prepare::status::{DeviceStatus, NetworkData};
+use crate::prepare::driver::{DeviceStatus, NetworkData};
 
 /// The API's limit on an entry's `data`, as JSON.
 pub(crate) const MAX_DATA_BYTES: usize = 10 * 1024;

@@ -14,7 +14,9 @@ use super::entry::{MAX_DATA_BYTES, Slot, apply_body};
 use super::writer::{ATTEMPTS, Tracker};
 use super::*;
 use crate::prepare::config::{DriverConfig, InvalidValue};
-use crate::prepare::driver::{AllocatedDevice, DeviceEdits, DriverError};
+use crate::prepare::driver::{
+    AllocatedDevice, DeviceEdits, DeviceStatus, DriverError, NetworkData,
+};
 
 const DRIVER: &str = "test.example.com";
 
