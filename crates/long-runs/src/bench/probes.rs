@@ -61,30 +61,101 @@ pub(super) const BETWEEN_BURSTS: Duration = Duration::from_millis(250);
 /// Runs the bench on a fresh local cluster (root and the cluster's built
 /// components, like the end-to-end suite).
 pub async fn run(options: &ProbesOptions) -> Result<ProbesReport> {
+    // The storm's own runtime (see the module doc).
+    on_p5(
+        &options.bin_dir,
+        &options.kubernetes_version,
+        "probes",
+        "probe-storm",
+        async |testbed, storm_runtime| run_on(testbed, options, storm_runtime).await,
+    )
+    .await
+}
+
+/// Starts a local cluster of node p5 with our EFA driver (from `bin_dir`;
+/// the rescan interval a node runs, not the testbeds' 1 s) and a runtime of
+/// one worker named `thread` for the load the bench sends, so that its
+/// tasks do not queue the bench's timing tasks; runs `bench` on them, then
+/// shuts both down (the runtime without waiting, as a runtime may not be
+/// dropped inside another). `name` labels the teardown's complaint.
+pub(super) async fn on_p5<R>(
+    bin_dir: &Path,
+    kubernetes_version: &local_cluster::KubernetesVersion,
+    name: &str,
+    thread: &str,
+    bench: impl AsyncFnOnce(&LocalTestbed, &tokio::runtime::Handle) -> Result<R>,
+) -> Result<R> {
     let testbed = LocalTestbed::start(LocalOptions {
         nodes: vec![(NODE.into(), INSTANCE_TYPE.into(), vec![DriverKind::Efa])],
-        bin_dir: Some(options.bin_dir.clone()),
-        kubernetes_version: options.kubernetes_version.clone(),
-        // What a node runs, not the testbeds' 1 s.
+        bin_dir: Some(bin_dir.to_path_buf()),
+        kubernetes_version: kubernetes_version.clone(),
         rescan_interval: Some(dra_core::DEFAULT_RESCAN_INTERVAL),
         ..LocalOptions::default()
     })
     .await?;
-    // The storm's own runtime (see the module doc); shut down without
-    // waiting, as a runtime may not be dropped inside another.
-    let storm_runtime = tokio::runtime::Builder::new_multi_thread()
+    let load_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
-        .thread_name("probe-storm")
+        .thread_name(thread)
         .enable_all()
         .build()
-        .map_err(|e| Error::Testbed(format!("starting the storm's runtime: {e}")))?;
-    let result = run_on(&testbed, options, storm_runtime.handle()).await;
-    storm_runtime.shutdown_background();
+        .map_err(|e| Error::Testbed(format!("starting the {thread} runtime: {e}")))?;
+    let result = bench(&testbed, load_runtime.handle()).await;
+    load_runtime.shutdown_background();
     let teardown = testbed.shutdown();
     if !teardown.is_clean() {
-        eprintln!("bench probes: teardown left {teardown:?}");
+        eprintln!("bench {name}: teardown left {teardown:?}");
     }
     result
+}
+
+/// The EFA driver on p5, ready for bursts: its pid, its ops address, the
+/// `claims` claims allocated on its devices, its DRA socket, after one
+/// warm-up burst.
+pub(super) struct BurstSetup {
+    pub(super) pid: i32,
+    pub(super) ops: SocketAddr,
+    pub(super) claims: Vec<dra_v1::Claim>,
+    pub(super) dra: DraSocket,
+}
+
+impl BurstSetup {
+    /// Waits for the driver to be ready, allocates the claims and warms up
+    /// (`name` labels the log line).
+    pub(super) async fn start(testbed: &LocalTestbed, claims: usize, name: &str) -> Result<Self> {
+        let efa = DriverKind::Efa;
+        let client = testbed.client();
+        let pid = testbed
+            .driver_pid(NODE, efa)
+            .ok_or_else(|| Error::Testbed("efa-driver has no pid".into()))?;
+        let ops = ops_address(pid)?;
+        let node = testbed
+            .local_node(NODE)
+            .await
+            .ok_or_else(|| Error::Testbed(format!("no local node {NODE}")))?;
+        let socket = node.plugins_dir.join(efa.driver_name()).join("dra.sock");
+        wait_ready(ops).await?;
+        rounds::create_namespace(&client).await?;
+        let devices = pool_devices(&client, efa.driver_name()).await?;
+        if devices.len() < claims {
+            return Err(Error::Testbed(format!(
+                "{NODE} publishes {} devices, a burst needs {claims}",
+                devices.len(),
+            )));
+        }
+        let claims = allocated_claims(&client, efa.driver_name(), &devices[..claims]).await?;
+        let dra = DraSocket::connect(&socket).await?;
+        eprintln!(
+            "bench {name}: driver pid {pid}, ops {ops}, {} claims allocated; a warm-up burst",
+            claims.len()
+        );
+        dra.burst(&claims).await?;
+        Ok(Self {
+            pid,
+            ops,
+            claims,
+            dra,
+        })
+    }
 }
 
 async fn run_on(
@@ -92,35 +163,12 @@ async fn run_on(
     options: &ProbesOptions,
     storm_runtime: &tokio::runtime::Handle,
 ) -> Result<ProbesReport> {
-    let efa = DriverKind::Efa;
-    let client = testbed.client();
-    let pid = testbed
-        .driver_pid(NODE, efa)
-        .ok_or_else(|| Error::Testbed("efa-driver has no pid".into()))?;
-    let ops = ops_address(pid)?;
-    let node = testbed
-        .local_node(NODE)
-        .await
-        .ok_or_else(|| Error::Testbed(format!("no local node {NODE}")))?;
-    let socket = node.plugins_dir.join(efa.driver_name()).join("dra.sock");
-    wait_ready(ops).await?;
-
-    rounds::create_namespace(&client).await?;
-    let devices = pool_devices(&client, efa.driver_name()).await?;
-    if devices.len() < options.claims {
-        return Err(Error::Testbed(format!(
-            "{NODE} publishes {} devices, a burst needs {}",
-            devices.len(),
-            options.claims
-        )));
-    }
-    let claims = allocated_claims(&client, efa.driver_name(), &devices[..options.claims]).await?;
-    let dra = DraSocket::connect(&socket).await?;
-    eprintln!(
-        "bench probes: driver pid {pid}, ops {ops}, {} claims allocated; a warm-up burst",
-        claims.len()
-    );
-    dra.burst(&claims).await?;
+    let BurstSetup {
+        pid,
+        ops,
+        claims,
+        dra,
+    } = BurstSetup::start(testbed, options.claims, "probes").await?;
 
     let mut windows = Vec::new();
     for round in 0..options.rounds {
@@ -145,7 +193,7 @@ async fn run_on(
     Ok(ProbesReport::new(
         options,
         NODE,
-        efa.driver_name(),
+        DriverKind::Efa.driver_name(),
         windows,
         testbed.run_dir(),
     ))

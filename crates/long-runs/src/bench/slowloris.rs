@@ -41,16 +41,12 @@ use tokio::sync::watch;
 use super::idle::CostSample;
 use super::measure::proc_memory_kib;
 use super::probe_storm::get_status;
-use super::probes::{
-    BETWEEN_BURSTS, DraSocket, INSTANCE_TYPE, NODE, allocated_claims, load_average, ops_address,
-    pool_devices, wait_ready,
-};
-use super::rounds;
+use super::probes::{BETWEEN_BURSTS, BurstSetup, DraSocket, load_average, on_p5};
 pub use super::slowloris_report::{
     AttackFigures, Condition, SlowlorisOptions, SlowlorisReport, Window,
 };
 use e2e::local::LocalTestbed;
-use e2e::testbed::{DriverKind, LocalOptions, ManagedTestbed, Testbed};
+use e2e::testbed::{DriverKind, ManagedTestbed};
 use local_cluster::error::{Error, Result};
 
 /// The most connections the attacking client holds open at once.
@@ -69,29 +65,16 @@ const TICK: Duration = Duration::from_millis(10);
 /// Runs the bench on a fresh local cluster (root and the cluster's built
 /// components, like the end-to-end suite).
 pub async fn run(options: &SlowlorisOptions) -> Result<SlowlorisReport> {
-    let testbed = LocalTestbed::start(LocalOptions {
-        nodes: vec![(NODE.into(), INSTANCE_TYPE.into(), vec![DriverKind::Efa])],
-        bin_dir: Some(options.bin_dir.clone()),
-        kubernetes_version: options.kubernetes_version.clone(),
-        rescan_interval: Some(dra_core::DEFAULT_RESCAN_INTERVAL),
-        ..LocalOptions::default()
-    })
-    .await?;
     // The attack's own runtime, so that its thousands of tasks do not
-    // queue the bench's timing tasks; shut down without waiting.
-    let attack_runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("slowloris")
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Testbed(format!("starting the attack's runtime: {e}")))?;
-    let result = run_on(&testbed, options, attack_runtime.handle()).await;
-    attack_runtime.shutdown_background();
-    let teardown = testbed.shutdown();
-    if !teardown.is_clean() {
-        eprintln!("bench slowloris: teardown left {teardown:?}");
-    }
-    result
+    // queue the bench's timing tasks.
+    on_p5(
+        &options.bin_dir,
+        &options.kubernetes_version,
+        "slowloris",
+        "slowloris",
+        async |testbed, attack_runtime| run_on(testbed, options, attack_runtime).await,
+    )
+    .await
 }
 
 async fn run_on(
@@ -99,34 +82,12 @@ async fn run_on(
     options: &SlowlorisOptions,
     attack_runtime: &tokio::runtime::Handle,
 ) -> Result<SlowlorisReport> {
-    let efa = DriverKind::Efa;
-    let client = testbed.client();
-    let pid = testbed
-        .driver_pid(NODE, efa)
-        .ok_or_else(|| Error::Testbed("efa-driver has no pid".into()))?;
-    let ops = ops_address(pid)?;
-    let node = testbed
-        .local_node(NODE)
-        .await
-        .ok_or_else(|| Error::Testbed(format!("no local node {NODE}")))?;
-    let socket = node.plugins_dir.join(efa.driver_name()).join("dra.sock");
-    wait_ready(ops).await?;
-    rounds::create_namespace(&client).await?;
-    let devices = pool_devices(&client, efa.driver_name()).await?;
-    if devices.len() < options.claims {
-        return Err(Error::Testbed(format!(
-            "{NODE} publishes {} devices, a burst needs {}",
-            devices.len(),
-            options.claims
-        )));
-    }
-    let claims = allocated_claims(&client, efa.driver_name(), &devices[..options.claims]).await?;
-    let dra = DraSocket::connect(&socket).await?;
-    eprintln!(
-        "bench slowloris: driver pid {pid}, ops {ops}, {} claims allocated; a warm-up burst",
-        claims.len()
-    );
-    dra.burst(&claims).await?;
+    let BurstSetup {
+        pid,
+        ops,
+        claims,
+        dra,
+    } = BurstSetup::start(testbed, options.claims, "slowloris").await?;
     let binary = std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|p| p.display().to_string())
         .unwrap_or_default();
@@ -153,7 +114,7 @@ async fn run_on(
     }
     Ok(SlowlorisReport::new(
         options,
-        efa.driver_name(),
+        DriverKind::Efa.driver_name(),
         &binary,
         windows,
         proc_memory_kib(pid).map(|(_, hwm)| hwm),
