@@ -44,6 +44,15 @@ pub fn register_every_metric(registry: &Registry, prefix: &str) -> Result<(), pr
     StatusMetrics::register(registry)?.write("applied");
     // Its children exist from the start.
     OpsMetrics::register(registry)?;
+    register_rescan_metrics(registry, prefix)
+}
+
+/// The rescan metrics under `prefix`, each vector with a child: what
+/// every binary registers under its own prefix.
+pub(crate) fn register_rescan_metrics(
+    registry: &Registry,
+    prefix: &str,
+) -> Result<(), prometheus::Error> {
     let rescan = RescanMetrics::register(registry, prefix)?;
     rescan.rescans_total.with_label_values(&["start"]).inc();
     rescan

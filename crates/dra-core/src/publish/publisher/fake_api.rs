@@ -10,9 +10,60 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::core::Status;
-use kube::runtime::watcher::Event;
+use kube::runtime::reflector;
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::api::PoolApi;
+use super::config::PublisherConfig;
+use super::drive;
+use crate::publish::desired::PoolContent;
+
+/// What feeds a publisher's watch in a test.
+pub(super) type WatchEvents = mpsc::UnboundedSender<Result<Event<ResourceSlice>, watcher::Error>>;
+
+/// The handles of a publisher a test started ([`start_publisher`]).
+pub(super) struct Started {
+    pub(super) watch: WatchEvents,
+    pub(super) devices: watch::Sender<PoolContent>,
+    pub(super) stop: oneshot::Sender<()>,
+}
+
+/// Spawns the publisher loop on `api` with `config` and `content`; its
+/// watch has listed `listed` (Init, each slice, InitDone already sent).
+pub(super) fn start_publisher(
+    api: &FakeApi,
+    config: PublisherConfig,
+    content: PoolContent,
+    listed: impl IntoIterator<Item = ResourceSlice>,
+) -> Started {
+    let (watch_tx, watch_rx) = mpsc::unbounded_channel();
+    let (store, writer) = reflector::store();
+    let events = reflector::reflector(writer, UnboundedReceiverStream::new(watch_rx));
+    let (devices_tx, devices_rx) = watch::channel(content);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    tokio::spawn(drive(
+        api.clone(),
+        store,
+        events,
+        config,
+        devices_rx,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    watch_tx.send(Ok(Event::Init)).expect("running");
+    for s in listed {
+        watch_tx.send(Ok(Event::InitApply(s))).expect("running");
+    }
+    watch_tx.send(Ok(Event::InitDone)).expect("running");
+    Started {
+        watch: watch_tx,
+        devices: devices_tx,
+        stop: stop_tx,
+    }
+}
 
 /// Requests the publisher made.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -5,22 +5,16 @@
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
-use kube::runtime::reflector;
-use kube::runtime::watcher::{self, Event};
 use prometheus::Registry;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio::sync::{oneshot, watch};
 
 use super::config::{PublishMetrics, PublisherConfig};
-use super::drive;
-use super::fake_api::{Counts, FakeApi};
+use super::fake_api::{Counts, FakeApi, WatchEvents, start_publisher};
 use super::settle::WRITE_SETTLE_TIMEOUT;
 use crate::publish::desired::PoolContent;
 
 const DRIVER: &str = "neuron.aws.com";
 const NODE: &str = "n";
-
-type WatchEvents = mpsc::UnboundedSender<Result<Event<ResourceSlice>, watcher::Error>>;
 
 /// A running publisher and the handles a test drives it by.
 struct Running {
@@ -61,33 +55,14 @@ async fn start(api: FakeApi, content: PoolContent, listed: Vec<ResourceSlice>) -
     let metrics = PublishMetrics::register(&Registry::new()).expect("register");
     let config = PublisherConfig::new(DRIVER, NODE, None, metrics).expect("valid");
     let published = config.published();
-    let (watch_tx, watch_rx) = mpsc::unbounded_channel();
-    let (store, writer) = reflector::store();
-    let events = reflector::reflector(writer, UnboundedReceiverStream::new(watch_rx));
-    let (devices_tx, devices_rx) = watch::channel(content);
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    tokio::spawn(drive(
-        api.clone(),
-        store,
-        events,
-        config,
-        devices_rx,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    watch_tx.send(Ok(Event::Init)).expect("running");
-    for s in listed {
-        watch_tx.send(Ok(Event::InitApply(s))).expect("running");
-    }
-    watch_tx.send(Ok(Event::InitDone)).expect("running");
+    let started = start_publisher(&api, config, content, listed);
     tokio::time::sleep(Duration::from_millis(100)).await;
     Running {
         api,
-        watch: watch_tx,
+        watch: started.watch,
         published,
-        _devices: devices_tx,
-        _stop: stop_tx,
+        _devices: started.devices,
+        _stop: started.stop,
     }
 }
 

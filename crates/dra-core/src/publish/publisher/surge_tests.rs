@@ -10,22 +10,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
-use kube::runtime::reflector;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher::Event;
 use prometheus::Registry;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio::sync::{oneshot, watch};
 
 use super::config::{PublishMetrics, PublisherConfig};
-use super::drive;
-use super::fake_api::FakeApi;
+use super::fake_api::{FakeApi, WatchEvents, start_publisher};
 use super::handover::{Instance, Liveness, RECHECK};
 use crate::publish::desired::PoolContent;
 
 const DRIVER: &str = "neuron.aws.com";
 const NODE: &str = "n";
-
-type WatchEvents = mpsc::UnboundedSender<Result<Event<ResourceSlice>, watcher::Error>>;
 
 /// One publisher instance and the handles that drive it.
 struct Running {
@@ -65,30 +60,11 @@ async fn start(
     let config = PublisherConfig::new(DRIVER, NODE, None, metrics)
         .expect("valid")
         .with_instance(instance, alive);
-    let (watch_tx, watch_rx) = mpsc::unbounded_channel();
-    let (store, writer) = reflector::store();
-    let events = reflector::reflector(writer, UnboundedReceiverStream::new(watch_rx));
-    let (devices_tx, devices_rx) = watch::channel(content);
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    tokio::spawn(drive(
-        api.clone(),
-        store,
-        events,
-        config,
-        devices_rx,
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    watch_tx.send(Ok(Event::Init)).expect("running");
-    for s in api.objects().into_values() {
-        watch_tx.send(Ok(Event::InitApply(s))).expect("running");
-    }
-    watch_tx.send(Ok(Event::InitDone)).expect("running");
+    let started = start_publisher(api, config, content, api.objects().into_values());
     Running {
-        watch: watch_tx,
-        _devices: devices_tx,
-        stop: Some(stop_tx),
+        watch: started.watch,
+        _devices: started.devices,
+        stop: Some(started.stop),
     }
 }
 
