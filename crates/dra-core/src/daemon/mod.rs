@@ -11,6 +11,7 @@
 //! module, and none of them may import from it.
 
 pub(crate) mod apiserver;
+pub(crate) mod checkpoint_event;
 pub(crate) mod claim_status;
 pub(crate) mod cli;
 pub(crate) mod client;

@@ -30,6 +30,7 @@ use prometheus::Registry;
 use tokio_util::sync::CancellationToken;
 
 use crate::daemon::apiserver::{ApiServerGate, NODE_READ_BACKOFF};
+use crate::daemon::checkpoint_event::report_newer;
 use crate::daemon::claim_status;
 use crate::daemon::client::{ClientError, kube_client};
 use crate::daemon::ops::{HealthProbe, OpsError, OpsServer, Readiness};
@@ -41,6 +42,7 @@ use crate::prepare::claims::{ClaimSource, KubeClaimSource};
 use crate::prepare::driver::Driver;
 use crate::prepare::metrics::PluginMetrics;
 use crate::publish::node::{NodeError, device_plugin_resources_present, get_node, node_owner};
+use crate::publish::node_event::NodeReporter;
 use crate::publish::publisher::handover::{Instance, Liveness};
 use crate::publish::publisher::{self, PublishMetrics, PublisherConfig, PublisherConfigError};
 
@@ -241,6 +243,7 @@ pub(crate) async fn run<D: Driver>(
             publish_metrics,
             instance,
             on_node,
+            checkpoint_newer: plugin.checkpoint_newer.clone(),
         },
         options,
         shutdown.clone(),
@@ -287,6 +290,8 @@ struct ClusterSide {
     publish_metrics: PublishMetrics,
     instance: Instance,
     on_node: OnNode,
+    /// The plugin's refusal while its checkpoint is a newer driver's.
+    checkpoint_newer: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 /// Reads the Node (for as long as it takes), checks it, lets the runner
@@ -305,6 +310,7 @@ async fn serve_cluster(
         publish_metrics,
         instance,
         on_node,
+        checkpoint_newer,
     } = side;
     let node_name = options.node_name.clone();
     let read = get_node(&client, &node_name, NODE_READ_BACKOFF, |failures| {
@@ -323,6 +329,22 @@ async fn serve_cluster(
     )?;
     let owner = node_owner(&node)?;
     let node_labels_now = node.metadata.labels.clone().unwrap_or_default();
+    let newer_task = {
+        let (client, driver, node, uid) = (
+            client.clone(),
+            options.driver_name.clone(),
+            node_name.clone(),
+            owner.uid.clone(),
+        );
+        tokio::spawn(async move {
+            let reporter = NodeReporter {
+                driver: &driver,
+                node: &node,
+                node_uid: Some(&uid),
+            };
+            report_newer(client, reporter, checkpoint_newer).await
+        })
+    };
     tokio::select! {
         () = on_node(client.clone(), node) => {}
         () = shutdown.cancelled() => return Ok(()),
@@ -357,6 +379,7 @@ async fn serve_cluster(
     });
     let _ = publisher_task.await;
     publish_task.abort();
+    newer_task.abort();
     if let Some(task) = labels_task {
         let _ = task.await;
     }

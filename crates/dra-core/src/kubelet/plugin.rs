@@ -33,13 +33,10 @@ use crate::kubelet::proto::{
 };
 use crate::prepare::atomic::remove_if_exists;
 use crate::prepare::attributes_file::AttributeFiles;
-use crate::prepare::cdi::CdiWriter;
-use crate::prepare::checkpoint::CheckpointStore;
 use crate::prepare::claims::ClaimSource;
 use crate::prepare::driver::Driver;
-use crate::prepare::lock::DataDirLock;
 use crate::prepare::metrics::PluginMetrics;
-use crate::prepare::state::ClaimPipeline;
+use crate::prepare::state::{ClaimPipeline, PipelineConfig};
 use crate::prepare::status::StatusSetup;
 
 mod claim_uid;
@@ -271,44 +268,26 @@ impl<D: Driver> KubeletPlugin<D> {
         let status = self
             .status
             .map(|s| s.start(driver, name, pool, shutdown.clone()));
-        let pipeline = Arc::new(ClaimPipeline {
-            driver_name: self.options.driver_name.clone(),
-            pool: self.options.pool.clone(),
-            driver: self.driver,
-            claims: self.claims,
-            cdi: CdiWriter::new(
-                &self.options.cdi_root,
-                &self.options.driver_name,
-                &self.options.cdi_class,
-            ),
-            attribute_files: self
-                .options
-                .device_attributes
-                .for_driver(&self.options.driver_name, &self.options.cdi_root),
-            checkpoint: CheckpointStore::new(
-                &sockets.data_dir,
-                self.options.boot_id_path.clone(),
-                self.options.cdi_root.clone(),
-                self.metrics.clone(),
-            ),
-            lock: DataDirLock::new(&sockets.data_dir),
-            metrics: self.metrics.clone(),
-            release_wait: self.options.device_release_wait,
-            released: tokio::sync::Notify::new(),
-            group: Default::default(),
-            status: status.unwrap_or_default(),
-        });
-        let checkpoint_newer = pipeline.checkpoint.newer();
-        // What an earlier run left, read under the node lock (see
-        // `read_at_start`); then a run killed while writing (SIGKILL, OOM)
-        // leaves its temp files; they are removed once old enough to be
-        // nobody's (at most ABANDONED_AFTER + SWEEP_EVERY after they were
-        // written).
-        let (first, stop) = (pipeline.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            read_at_start(&first).await;
-            sweep::sweep_abandoned(first, stop).await
-        });
+        let pipeline = Arc::new(ClaimPipeline::new(
+            self.driver,
+            self.claims,
+            PipelineConfig {
+                driver_name: &self.options.driver_name,
+                pool: self.options.pool.clone(),
+                data_dir: &sockets.data_dir,
+                cdi_root: &self.options.cdi_root,
+                cdi_class: &self.options.cdi_class,
+                boot_id_path: self.options.boot_id_path.clone(),
+                device_attributes: &self.options.device_attributes,
+                release_wait: self.options.device_release_wait,
+            },
+            self.metrics.clone(),
+            status.unwrap_or_default(),
+        ));
+        let checkpoint_newer = pipeline.checkpoint_newer();
+        // What an earlier run left (read under the node lock, a damaged
+        // checkpoint recovered), then the sweeps of files nobody needs.
+        tokio::spawn(pipeline.clone().run_in_background(shutdown.clone()));
 
         let limits = self.options.connections;
         // A prepare may wait `device_release_wait` for a device's release.
@@ -458,22 +437,6 @@ impl<D: Driver> KubeletPlugin<D> {
     }
 }
 
-/// The checkpoint an earlier run left, read under the node lock (a second
-/// instance may be serving from it): the prepared gauges and the readiness
-/// follow it, and a corrupt file is moved aside (an earlier boot's claims
-/// forgotten) now rather than at the first call. A failure shows again,
-/// and is handled, at the first call.
-async fn read_at_start<D: Driver>(pipeline: &ClaimPipeline<D>) {
-    let read = async {
-        let held = pipeline.lock.lock().await.map_err(|e| e.to_string())?;
-        let read = pipeline.checkpoint.read(&held);
-        read.map(drop).map_err(|e| e.to_string())
-    };
-    if let Err(error) = read.await {
-        tracing::warn!(error, "cannot read the checkpoint at start");
-    }
-}
-
 /// How much later than a handler's own deadline the server's cuts a call
 /// (the handlers answer with a clear message; the server's is for calls
 /// without one, e.g. registration and the health stream's start).
@@ -536,8 +499,6 @@ impl reg::registration_server::Registration for RegistrationService {
         Ok(Response::new(reg::RegistrationStatusResponse {}))
     }
 }
-
-mod sweep;
 
 #[cfg(test)]
 mod tests;

@@ -45,7 +45,7 @@ use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceClaim};
 use serde::Serialize;
 
 use crate::prepare::atomic::{Staged, remove_if_exists, stage};
-use crate::prepare::cdi::{AttributesMount, CdiWriter};
+use crate::prepare::cdi::AttributesMount;
 use crate::prepare::checkpoint::PreparedClaim;
 use crate::prepare::config::base_request;
 use crate::prepare::driver::{ClaimRef, PreparedDevice};
@@ -314,6 +314,62 @@ impl AttributeFiles {
         Ok(())
     }
 
+    /// What the files of claim `claim_uid` record, one per base request
+    /// (recovery from a damaged checkpoint); a file that cannot be read or
+    /// is not of that claim is skipped with a warning.
+    pub(crate) fn recorded(&self, claim_uid: &str) -> Vec<RecordedRequest> {
+        let files = self.ours().unwrap_or_else(|e| {
+            tracing::warn!(dir = %self.dir.display(), error = %e, "cannot list device attributes files");
+            Vec::new()
+        });
+        let mut out = Vec::new();
+        for (path, _) in files.into_iter().filter(|(_, uid)| uid == claim_uid) {
+            match self.read_recorded(&path, claim_uid) {
+                Ok(recorded) => out.push(recorded),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = e, "cannot read a device attributes file")
+                }
+            }
+        }
+        out.sort_by(|a, b| a.request.cmp(&b.request));
+        out
+    }
+
+    fn read_recorded(&self, path: &Path, claim_uid: &str) -> Result<RecordedRequest, String> {
+        let request = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.strip_prefix(&format!("{}-{claim_uid}-", self.driver)))
+            .ok_or("not named for the claim")?
+            .to_owned();
+        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+        // The first object of the stream (every one holds the same).
+        let doc: serde_json::Value = serde_json::Deserializer::from_slice(&bytes)
+            .into_iter()
+            .next()
+            .ok_or("empty")?
+            .map_err(|e| e.to_string())?;
+        let meta = &doc["metadata"];
+        if meta["uid"] != claim_uid {
+            return Err(format!("records claim {} instead", meta["uid"]));
+        }
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+        let devices = doc["requests"][0]["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|d| d["driver"] == self.driver.as_str())
+            .map(|d| (text(&d["pool"]), text(&d["name"])))
+            .collect();
+        Ok(RecordedRequest {
+            request,
+            namespace: text(&meta["namespace"]),
+            name: text(&meta["name"]),
+            devices,
+        })
+    }
+
     /// Removes the files of claims that `prepared` (the checkpoint's claims
     /// by UID) does not hold; returns them. Call under the node lock, so
     /// that no file of a claim being prepared is taken for a stale one.
@@ -353,6 +409,17 @@ impl AttributeFiles {
     }
 }
 
+/// One attributes file as read back ([`AttributeFiles::recorded`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RecordedRequest {
+    /// Base request name, from the file name.
+    pub(crate) request: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    /// `(pool, device)` of each device of this driver.
+    pub(crate) devices: Vec<(String, String)>,
+}
+
 /// Length of a claim UID in its text form (RFC 4122, `8-4-4-4-12` hex).
 const UID_LEN: usize = 36;
 
@@ -381,26 +448,6 @@ fn is_dns_label(s: &str) -> bool {
                 && bytes.iter().all(|&b| alnum(b) || b == b'-')
         }
         _ => false,
-    }
-}
-
-/// Gives each file's mount to the first device of its request: the CDI id
-/// then reaches every container that asks for the request (kubelet hands a
-/// container the ids of the devices of the requests it names), once.
-pub(crate) fn attach_mounts(
-    cdi: &CdiWriter,
-    claim_uid: &str,
-    devices: &mut [PreparedDevice],
-    mounts: &[AttributesMount],
-) {
-    for m in mounts {
-        if let Some(d) = devices
-            .iter_mut()
-            .find(|d| d.request_names.contains(&m.request))
-        {
-            d.cdi_device_ids
-                .push(cdi.mount_device_id(claim_uid, &m.request));
-        }
     }
 }
 

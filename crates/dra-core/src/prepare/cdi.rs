@@ -20,7 +20,7 @@ use serde::Serialize;
 #[cfg(any(test, feature = "testing"))]
 use crate::prepare::atomic::commit;
 use crate::prepare::atomic::{Staged, remove_if_exists, stage};
-use crate::prepare::driver::{ContainerEdits, DeviceEdits};
+use crate::prepare::driver::{ContainerEdits, DeviceEdits, PreparedDevice};
 
 #[derive(Debug, thiserror::Error)]
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
@@ -90,6 +90,18 @@ struct SpecDeviceNode<'a> {
     host_path: Option<&'a str>,
 }
 
+/// A claim's spec as found in the CDI root: what recovery from a damaged
+/// checkpoint rebuilds the claim from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SpecOnDisk {
+    pub(crate) claim_uid: String,
+    pub(crate) path: PathBuf,
+    /// The claim's devices, from the spec's `<claimUID>-<device>` entries.
+    pub(crate) devices: Vec<String>,
+    /// The base requests whose attributes file it mounts (`<claimUID>_<request>`).
+    pub(crate) requests: Vec<String>,
+}
+
 /// Writes and removes the CDI specs of one driver.
 #[derive(Debug, Clone)]
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
@@ -127,8 +139,34 @@ impl CdiWriter {
     }
 
     /// The fully qualified CDI id of one device of a claim.
-    pub(crate) fn device_id(&self, claim_uid: &str, device: &str) -> String {
+    fn device_id(&self, claim_uid: &str, device: &str) -> String {
         format!("{}/{}={claim_uid}-{device}", self.vendor, self.class)
+    }
+
+    /// Sets the CDI ids of a claim's devices, the one place they are
+    /// built: each device's own, and on the first device of each request in
+    /// `mounted` (the requests whose attributes file the spec mounts) that
+    /// request's mount device. Kubelet hands a container the ids of the
+    /// devices of the requests it names, so the file reaches every such
+    /// container, once.
+    pub(crate) fn set_device_ids<'a>(
+        &self,
+        claim_uid: &str,
+        devices: &mut [PreparedDevice],
+        mounted: impl IntoIterator<Item = &'a str>,
+    ) {
+        for d in devices.iter_mut() {
+            d.cdi_device_ids = vec![self.device_id(claim_uid, &d.device)];
+        }
+        for request in mounted {
+            if let Some(d) = devices
+                .iter_mut()
+                .find(|d| d.request_names.iter().any(|r| r == request))
+            {
+                d.cdi_device_ids
+                    .push(self.mount_device_id(claim_uid, request));
+            }
+        }
     }
 
     /// Writes the claim's spec atomically and returns its path.
@@ -142,7 +180,7 @@ impl CdiWriter {
 
     /// The CDI id of the device that mounts the attributes file of
     /// `request` of a claim.
-    pub(crate) fn mount_device_id(&self, claim_uid: &str, request: &str) -> String {
+    fn mount_device_id(&self, claim_uid: &str, request: &str) -> String {
         format!("{}/{}={claim_uid}_{request}", self.vendor, self.class)
     }
 
@@ -203,6 +241,64 @@ impl CdiWriter {
         remove_if_exists(path).map_err(|source| CdiError::Remove {
             path: path.to_path_buf(),
             source,
+        })
+    }
+
+    /// Every claim spec of this writer in the CDI root (named as
+    /// [`Self::spec_path`] names them), read back; a file of that name that
+    /// does not parse as one of ours is an error of its own (left alone).
+    pub(crate) fn specs_on_disk(&self) -> std::io::Result<Vec<Result<SpecOnDisk, String>>> {
+        let prefix = format!("{}-{}_", self.vendor, self.class);
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut found = Vec::new();
+        for entry in entries {
+            let name = entry?.file_name();
+            let uid = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(&prefix)?.strip_suffix(".json"))
+                .filter(|uid| !uid.is_empty() && !uid.contains(['/', '.']));
+            if let Some(uid) = uid {
+                found.push(self.read_spec(uid));
+            }
+        }
+        found.sort_by(|a, b| match (a, b) {
+            (Ok(a), Ok(b)) => a.claim_uid.cmp(&b.claim_uid),
+            _ => a.is_err().cmp(&b.is_err()),
+        });
+        Ok(found)
+    }
+
+    fn read_spec(&self, claim_uid: &str) -> Result<SpecOnDisk, String> {
+        let path = self.spec_path(claim_uid);
+        let what = |e: &dyn std::fmt::Display| format!("CDI spec {}: {e}", path.display());
+        let bytes = std::fs::read(&path).map_err(|e| what(&e))?;
+        let spec: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| what(&e))?;
+        let kind = format!("{}/{}", self.vendor, self.class);
+        if spec["kind"] != kind.as_str() {
+            return Err(what(&format!("kind is not {kind}")));
+        }
+        let (mut devices, mut requests) = (Vec::new(), Vec::new());
+        let names = spec["devices"].as_array().into_iter().flatten();
+        for name in names.map(|d| d["name"].as_str().unwrap_or_default()) {
+            if let Some(device) = name.strip_prefix(&format!("{claim_uid}-")) {
+                devices.push(device.to_owned());
+            } else if let Some(request) = name.strip_prefix(&format!("{claim_uid}_")) {
+                requests.push(request.to_owned());
+            } else {
+                return Err(what(&format!(
+                    "device {name:?} is not of claim {claim_uid}"
+                )));
+            }
+        }
+        Ok(SpecOnDisk {
+            claim_uid: claim_uid.to_owned(),
+            path,
+            devices,
+            requests,
         })
     }
 

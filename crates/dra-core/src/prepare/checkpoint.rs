@@ -6,7 +6,9 @@
 //! A different boot id means the node rebooted: nothing is prepared any more
 //! (CDI specs under /var/run are gone, kubelet prepares again), so the old
 //! entries are dropped. A file we cannot parse is moved aside, logged and
-//! counted, and we start empty: a crash loop would take all devices down.
+//! counted (a crash loop would take all devices down), and the pipeline
+//! rebuilds what was prepared from the CDI specs and attributes files on
+//! disk before it answers anything (`prepare::state`'s recovery).
 //! Whatever changes the file (moving it aside, forgetting an earlier boot)
 //! happens in [`CheckpointStore::read`], which takes the data-dir lock's
 //! guard: a second instance (a surge pod) may be serving from the same file.
@@ -120,6 +122,10 @@ pub(crate) enum Read {
     Current(Checkpoint),
     /// A newer version's file, kept as it is.
     Newer(NewerCheckpoint),
+    /// The file could not be parsed and was moved aside: an empty
+    /// checkpoint of this boot, for the pipeline to rebuild what was
+    /// prepared from what is on disk (`prepare::state`'s recovery).
+    Damaged(Checkpoint),
 }
 
 /// A checkpoint of a newer version, as far as this build reads it.
@@ -265,17 +271,18 @@ impl CheckpointStore {
                 path: self.path.clone(),
                 version: newer.version,
             }),
+            Read::Damaged(_) => unreachable!("only a read under the lock moves a file aside"),
         }
     }
 
     /// The current checkpoint, under the data-dir lock (`_held`): empty when
-    /// there is none, when it is from an earlier boot (its CDI specs are
-    /// removed and the file rewritten), or when it was corrupt (then moved
-    /// aside); a newer version's is read as far as this build can and left
+    /// there is none, or when it is from an earlier boot (its CDI specs are
+    /// removed and the file rewritten); [`Read::Damaged`] when it was
+    /// corrupt (then moved aside); a newer version's is read as far as this build can and left
     /// as it is. Sets the prepared gauges from what this build prepared.
     pub(crate) fn read(&self, _held: &DataDirGuard) -> Result<Read, CheckpointError> {
         let read = self.read_file(true)?;
-        if let Read::Current(checkpoint) = &read {
+        if let Read::Current(checkpoint) | Read::Damaged(checkpoint) = &read {
             self.count_prepared(checkpoint);
         }
         Ok(read)
@@ -349,9 +356,9 @@ impl CheckpointStore {
                     path = %self.path.display(),
                     moved_to = %aside.display(),
                     reason,
-                    "checkpoint is corrupt; moved aside, starting with no prepared claims"
+                    "checkpoint is corrupt; moved aside, recovering the prepared claims from the CDI specs on disk"
                 );
-                return Ok(Read::Current(empty));
+                return Ok(Read::Damaged(empty));
             }
         };
         let Some(boot_id) = boot_id else {

@@ -29,6 +29,7 @@
 //! holder is still there at the bound, the refusal is the one it always was.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +38,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::{Notify, oneshot};
 
 use crate::prepare::atomic::Staged;
-use crate::prepare::attributes_file::{AttributeFiles, attach_mounts};
+use crate::prepare::attributes_file::AttributeFiles;
 use crate::prepare::cdi::CdiWriter;
 use crate::prepare::checkpoint::{
     Checkpoint, CheckpointError, CheckpointStore, PreparedClaim, Read,
@@ -47,11 +48,15 @@ use crate::prepare::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, Pre
 use crate::prepare::lock::{DataDirGuard, DataDirLock, LockError};
 use crate::prepare::metrics::PluginMetrics;
 use crate::prepare::resolve::{ResolveError, resolve_claim_with};
+use crate::prepare::status::ClaimStatus;
 
 mod attribute_files;
 pub(crate) mod group;
 mod newer;
-use group::{CallInput, Done, Pass, PassTimings, Work};
+mod recover;
+mod start;
+mod unprepare;
+use group::{CallInput, Commit, Done, Pass, PassTimings, PrepareWork, Work};
 
 /// How often a prepare that waits for a device's release re-reads the
 /// checkpoint, for an unprepare made by another plugin instance (those of
@@ -83,24 +88,90 @@ enum Refusal {
 }
 
 pub(crate) struct ClaimPipeline<D: Driver> {
-    pub(crate) driver_name: String,
+    driver_name: String,
     /// This node's pool; `None`: any (see `PluginOptions::pool`).
-    pub(crate) pool: Option<String>,
-    pub(crate) driver: Arc<D>,
-    pub(crate) claims: Arc<dyn ClaimSource>,
-    pub(crate) cdi: CdiWriter,
+    pool: Option<String>,
+    driver: Arc<D>,
+    claims: Arc<dyn ClaimSource>,
+    cdi: CdiWriter,
     /// Device attributes files, mounted through the claim's CDI spec.
-    pub(crate) attribute_files: AttributeFiles,
-    pub(crate) checkpoint: CheckpointStore,
-    pub(crate) lock: DataDirLock,
-    pub(crate) metrics: PluginMetrics,
+    attribute_files: AttributeFiles,
+    checkpoint: CheckpointStore,
+    lock: DataDirLock,
+    metrics: PluginMetrics,
     /// How long a prepare waits for a held device's release before refusing.
-    pub(crate) release_wait: Duration,
+    release_wait: Duration,
     /// Woken after every unprepare that removed claims from the checkpoint.
-    pub(crate) released: Notify,
+    released: Notify,
     /// Work of concurrent calls waiting for the next group commit.
-    pub(crate) group: group::Queue,
-    pub(crate) status: crate::prepare::status::ClaimStatus,
+    group: group::Queue,
+    status: ClaimStatus,
+    /// UIDs of claims rebuilt from disk after a damaged checkpoint, not yet
+    /// confirmed against the API server ([`recover`]).
+    unconfirmed: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
+}
+
+/// Where a [`ClaimPipeline`] keeps its files, and how it waits.
+pub(crate) struct PipelineConfig<'a> {
+    pub(crate) driver_name: &'a str,
+    /// See `PluginOptions::pool`.
+    pub(crate) pool: Option<String>,
+    /// The plugin data directory: the checkpoint and the node lock.
+    pub(crate) data_dir: &'a Path,
+    pub(crate) cdi_root: &'a Path,
+    pub(crate) cdi_class: &'a str,
+    pub(crate) boot_id_path: PathBuf,
+    /// The device attributes files' settings (any driver's).
+    pub(crate) device_attributes: &'a AttributeFiles,
+    pub(crate) release_wait: Duration,
+}
+
+impl<D: Driver> ClaimPipeline<D> {
+    pub(crate) fn new(
+        driver: Arc<D>,
+        claims: Arc<dyn ClaimSource>,
+        config: PipelineConfig<'_>,
+        metrics: PluginMetrics,
+        status: ClaimStatus,
+    ) -> Self {
+        let name = config.driver_name;
+        Self {
+            driver_name: name.to_owned(),
+            pool: config.pool,
+            driver,
+            claims,
+            cdi: CdiWriter::new(config.cdi_root, name, config.cdi_class),
+            attribute_files: config.device_attributes.for_driver(name, config.cdi_root),
+            checkpoint: CheckpointStore::new(
+                config.data_dir,
+                config.boot_id_path,
+                config.cdi_root.to_path_buf(),
+                metrics.clone(),
+            ),
+            lock: DataDirLock::new(config.data_dir),
+            metrics,
+            release_wait: config.release_wait,
+            released: Notify::new(),
+            group: group::Queue::default(),
+            status,
+            unconfirmed: tokio::sync::watch::channel(Default::default()).0,
+        }
+    }
+
+    /// The refusal while the checkpoint is a newer version's (the readiness).
+    pub(crate) fn checkpoint_newer(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.checkpoint.newer()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn checkpoint(&self) -> &CheckpointStore {
+        &self.checkpoint
+    }
+
+    #[cfg(test)]
+    pub(crate) fn attribute_files(&self) -> &AttributeFiles {
+        &self.attribute_files
+    }
 }
 
 impl<D: Driver> ClaimPipeline<D> {
@@ -131,12 +202,12 @@ impl<D: Driver> ClaimPipeline<D> {
             // runs after the pass (it needs the lock) is never missed.
             let released = self.released.notified();
             let last_pass = tokio::time::Instant::now() >= deadline;
-            let work = Work::Prepare {
+            let work = Work::Prepare(PrepareWork {
                 call: call.clone(),
                 pending: pending.clone(),
                 last_pass,
                 waited_since: waited.then_some(called),
-            };
+            });
             let Done::Prepare(waiting) = self.submit(work).await? else {
                 unreachable!("a prepare job is answered with a prepare pass")
             };
@@ -239,53 +310,39 @@ impl<D: Driver> ClaimPipeline<D> {
     ) -> Result<Vec<Done>, PipelineError> {
         let started = Instant::now();
         crate::prepare::crash::group_size(jobs.len());
-        let mut checkpoint = match self.checkpoint.read(held)? {
-            Read::Current(checkpoint) => checkpoint,
+        let checkpoint = match self.read_checkpoint(held)? {
+            Read::Current(checkpoint) | Read::Damaged(checkpoint) => checkpoint,
             Read::Newer(newer) => return Ok(self.serve_newer(jobs, newer, held).await),
         };
         let load = started.elapsed().as_secs_f64();
-        let mut changed = false;
-        let mut released = false;
-        // CDI specs written for this group, put in place with the checkpoint.
-        let mut specs = Vec::new();
+        let mut commit = Commit {
+            checkpoint,
+            staged: Vec::new(),
+            changed: false,
+            released: false,
+        };
         let mut done = Vec::with_capacity(jobs.len());
         for job in jobs {
             done.push(match &job.work {
-                Work::Prepare {
-                    call,
-                    pending,
-                    last_pass,
-                    waited_since,
-                } => {
+                Work::Prepare(work) => {
                     let claims_started = Instant::now();
-                    let mut pass = self
-                        .prepare_claims(
-                            call,
-                            pending,
-                            *last_pass,
-                            *waited_since,
-                            &mut checkpoint,
-                            &mut specs,
-                            &mut changed,
-                        )
-                        .await;
+                    let mut pass = self.prepare_claims(work, &mut commit).await;
                     pass.timings.lock = started.duration_since(job.queued).as_secs_f64();
                     pass.timings.load = load;
                     pass.timings.claims = claims_started.elapsed().as_secs_f64();
                     Done::Prepare(pass)
                 }
                 Work::Unprepare { requested } => {
-                    let answers = self
-                        .unprepare_claims(requested, &mut checkpoint, &mut released)
-                        .await;
-                    Done::Unprepare(answers)
+                    Done::Unprepare(self.unprepare_claims(requested, &mut commit).await)
                 }
             });
         }
         crate::prepare::crash::point("group:served");
         let saving = Instant::now();
-        if changed || released {
-            self.checkpoint.save_with(&checkpoint, specs)?;
+        let released = commit.released;
+        if commit.changed || commit.released {
+            self.checkpoint
+                .save_with(&commit.checkpoint, commit.staged)?;
         }
         crate::prepare::crash::point("group:committed");
         let save = saving.elapsed().as_secs_f64();
@@ -308,22 +365,17 @@ impl<D: Driver> ClaimPipeline<D> {
         Ok(done)
     }
 
-    /// One prepare pass over the claims at `pending` of `call`, against the
-    /// group's checkpoint: answers, and the claims held by another claim
-    /// that are worth another pass (none when `last_pass`). `waited_since`:
-    /// when the call began, once it has waited (the claims' durations then
-    /// include the wait).
-    #[allow(clippy::too_many_arguments)]
-    async fn prepare_claims(
-        &self,
-        call: &CallInput,
-        pending: &[usize],
-        last_pass: bool,
-        waited_since: Option<Instant>,
-        checkpoint: &mut Checkpoint,
-        specs: &mut Vec<Staged>,
-        changed: &mut bool,
-    ) -> Pass {
+    /// One prepare pass ([`PrepareWork`]) against the group's commit:
+    /// answers, and the claims held by another claim that are worth
+    /// another pass (none on the last pass).
+    async fn prepare_claims(&self, work: &PrepareWork, commit: &mut Commit) -> Pass {
+        let PrepareWork {
+            call,
+            pending,
+            last_pass,
+            waited_since,
+        } = work;
+        let (last_pass, waited_since) = (*last_pass, *waited_since);
         let (requested, fetched) = (&call.requested, &call.fetched);
         let mut pass = Pass::default();
         for &index in pending {
@@ -331,14 +383,17 @@ impl<D: Driver> ClaimPipeline<D> {
             let started = waited_since.unwrap_or_else(Instant::now);
             // Whether the claim is refused because the device stayed held.
             let mut still_held = false;
-            let outcome = match checkpoint.claims.get(&claim.uid) {
+            let outcome = match commit.checkpoint.claims.get(&claim.uid) {
                 Some(done) if spec_in_place(done) => Ok(done.devices.clone()),
-                _ => match self.prepare_one(claim, &fetched[index], checkpoint).await {
-                    Ok((prepared, spec)) => {
+                _ => match self
+                    .prepare_one(claim, &fetched[index], &commit.checkpoint)
+                    .await
+                {
+                    Ok((prepared, staged)) => {
                         let devices = prepared.devices.clone();
-                        checkpoint.claims.insert(claim.uid.clone(), prepared);
-                        specs.extend(spec);
-                        *changed = true;
+                        commit.checkpoint.claims.insert(claim.uid.clone(), prepared);
+                        commit.staged.extend(staged);
+                        commit.changed = true;
                         Ok(devices)
                     }
                     // A claim of this same call will not be unprepared
@@ -440,7 +495,7 @@ impl<D: Driver> ClaimPipeline<D> {
                 pool: a.pool.clone(),
                 device: a.device.clone(),
                 admin_access: a.admin_access,
-                cdi_device_ids: vec![self.cdi.device_id(&claim.uid, &a.device)],
+                cdi_device_ids: Vec::new(),
                 share_ids,
             })
             .collect();
@@ -450,7 +505,8 @@ impl<D: Driver> ClaimPipeline<D> {
             .map_err(|e| Refusal::Final(format!("{who}: {e}")))?
             .into_iter()
             .unzip();
-        attach_mounts(&self.cdi, &claim.uid, &mut devices, &mounts);
+        let mounted = mounts.iter().map(|m| m.request.as_str());
+        self.cdi.set_device_ids(&claim.uid, &mut devices, mounted);
         let spec_path = self.cdi.spec_path(&claim.uid);
         if !ordered.is_empty() {
             let (_, spec) = self
@@ -466,83 +522,6 @@ impl<D: Driver> ClaimPipeline<D> {
             cdi_spec_path: spec_path,
         };
         Ok((prepared, staged))
-    }
-
-    pub(crate) async fn unprepare(
-        &self,
-        requested: Vec<ClaimRef>,
-    ) -> Result<BTreeMap<String, Result<(), String>>, PipelineError> {
-        let work = Work::Unprepare {
-            requested: Arc::new(requested),
-        };
-        let Done::Unprepare(answers) = self.submit(work).await? else {
-            unreachable!("an unprepare job is answered with unprepare's answers")
-        };
-        Ok(answers)
-    }
-
-    /// Unprepares `requested` against the group's checkpoint; `released`
-    /// is set when a claim left it.
-    async fn unprepare_claims(
-        &self,
-        requested: &[ClaimRef],
-        checkpoint: &mut Checkpoint,
-        released: &mut bool,
-    ) -> BTreeMap<String, Result<(), String>> {
-        let mut answers = BTreeMap::new();
-        for claim in requested {
-            let started = Instant::now();
-            let outcome = match checkpoint.claims.get(&claim.uid) {
-                // Unknown: never prepared here, already unprepared, or
-                // prepared before a checkpoint was lost (found corrupt and
-                // moved aside). In that last case a spec under this claim's
-                // name may still be there: nothing else would ever remove it.
-                None => self
-                    .cdi
-                    .remove(&self.cdi.spec_path(&claim.uid))
-                    .map_err(|e| format!("unpreparing claim {claim}: {e}"))
-                    .and_then(|()| self.remove_attribute_files(claim)),
-                Some(prepared) => {
-                    let result = async {
-                        self.driver
-                            .unprepare(claim, &prepared.devices)
-                            .await
-                            .map_err(|e| format!("unpreparing claim {claim}: {e}"))?;
-                        self.cdi
-                            .remove_claim_spec(&claim.uid, &prepared.cdi_spec_path)
-                            .map_err(|e| format!("unpreparing claim {claim}: {e}"))?;
-                        self.remove_attribute_files(claim)
-                    }
-                    .await;
-                    if result.is_ok() {
-                        checkpoint.claims.remove(&claim.uid);
-                        *released = true;
-                    }
-                    result
-                }
-            };
-            let seconds = started.elapsed().as_secs_f64();
-            self.metrics
-                .claim_done("unprepare", outcome.is_ok(), seconds);
-            match &outcome {
-                Ok(()) => tracing::info!(
-                    claim_uid = claim.uid,
-                    seconds,
-                    result = "success",
-                    "unprepare"
-                ),
-                Err(error) => tracing::warn!(
-                    claim_uid = claim.uid,
-                    error,
-                    seconds,
-                    result = "error",
-                    "unprepare"
-                ),
-            }
-            answers.insert(claim.uid.clone(), outcome);
-        }
-        self.status.unprepared(requested, &answers);
-        answers
     }
 }
 

@@ -17,6 +17,7 @@ mod backoff;
 pub(crate) mod clash;
 pub(crate) mod desired;
 pub(crate) mod node;
+pub(crate) mod node_event;
 pub(crate) mod node_labels;
 pub(crate) mod publisher;
 pub(crate) mod reconcile;

@@ -9,15 +9,14 @@ use k8s_openapi::api::resource::v1::{
 
 use super::*;
 use crate::prepare::atomic::commit;
-use crate::prepare::checkpoint::CheckpointStore;
+use crate::prepare::cdi::CdiWriter;
 use crate::prepare::claims::InMemoryClaimSource;
 use crate::prepare::config::InvalidValue;
 use crate::prepare::driver::{
     AllocatedDevice, ContainerEdits, DeviceEdits, DeviceNode, Driver, DriverError,
 };
-use crate::prepare::lock::DataDirLock;
 use crate::prepare::metrics::PluginMetrics;
-use crate::prepare::state::ClaimPipeline;
+use crate::prepare::state::{ClaimPipeline, PipelineConfig};
 
 const DRIVER: &str = "neuron.aws.com";
 const UID: &str = "0b7c6a58-2f3e-4f7e-9d55-0a4f0f5f1c11";
@@ -423,7 +422,7 @@ fn the_cdi_spec_mounts_each_file_read_only_for_its_request() {
         .into_iter()
         .unzip();
     commit(staged).unwrap();
-    attach_mounts(&cdi, UID, &mut devices, &mounts);
+    cdi.set_device_ids(UID, &mut devices, mounts.iter().map(|m| m.request.as_str()));
     let mount_id = format!("k8s.{DRIVER}/neuron={UID}_chips");
     assert_eq!(devices[0].cdi_device_ids[1], mount_id);
     assert_eq!(devices[1].cdi_device_ids.len(), 1, "once per request");
@@ -502,21 +501,22 @@ fn pipeline(dir: &Path, claims: &InMemoryClaimSource) -> ClaimPipeline<NodesDriv
     let boot_id = dir.join("boot_id");
     std::fs::write(&boot_id, "boot-1\n").unwrap();
     let metrics = PluginMetrics::register(&prometheus::Registry::new()).unwrap();
-    ClaimPipeline {
-        driver_name: DRIVER.into(),
-        pool: None,
-        driver: Arc::new(NodesDriver),
-        claims: Arc::new(claims.clone()),
-        cdi: CdiWriter::new(&dir.join("cdi"), DRIVER, "neuron"),
-        attribute_files: files(&dir.join("attributes")),
-        checkpoint: CheckpointStore::new(dir, boot_id, dir.join("cdi"), metrics.clone()),
-        lock: DataDirLock::new(dir),
+    ClaimPipeline::new(
+        Arc::new(NodesDriver),
+        Arc::new(claims.clone()),
+        PipelineConfig {
+            driver_name: DRIVER,
+            pool: None,
+            data_dir: dir,
+            cdi_root: &dir.join("cdi"),
+            cdi_class: "neuron",
+            boot_id_path: boot_id,
+            device_attributes: &files(&dir.join("attributes")),
+            release_wait: std::time::Duration::ZERO,
+        },
         metrics,
-        release_wait: std::time::Duration::ZERO,
-        released: Default::default(),
-        group: Default::default(),
-        status: Default::default(),
-    }
+        Default::default(),
+    )
 }
 
 #[tokio::test]
@@ -525,7 +525,7 @@ async fn prepare_writes_and_mounts_the_file_unprepare_and_a_restart_remove_it() 
     let claims = InMemoryClaimSource::new();
     claims.insert(claim_object(None, &[("chips", "neurondevice8")]));
     let p = pipeline(dir.path(), &claims);
-    let file = p.attribute_files.host_path(UID, "chips");
+    let file = p.attribute_files().host_path(UID, "chips");
 
     let mut answers = p.prepare(vec![claim_ref(UID)]).await.unwrap();
     let devices = answers.remove(UID).unwrap().unwrap();
@@ -538,7 +538,10 @@ async fn prepare_writes_and_mounts_the_file_unprepare_and_a_restart_remove_it() 
     );
     let attrs = &stream(&file)[0]["requests"][0]["devices"][0]["attributes"];
     assert_eq!(attrs["resource.aws.com/devicegroup4_id"]["string"], "g2");
-    let spec = std::fs::read_to_string(p.cdi.spec_path(UID)).unwrap();
+    let spec = std::fs::read_to_string(
+        CdiWriter::new(&dir.path().join("cdi"), DRIVER, "neuron").spec_path(UID),
+    )
+    .unwrap();
     assert!(spec.contains(&*file.to_string_lossy()), "{spec}");
 
     p.unprepare(vec![claim_ref(UID)]).await.unwrap()[UID]
@@ -550,9 +553,9 @@ async fn prepare_writes_and_mounts_the_file_unprepare_and_a_restart_remove_it() 
     // while no driver ran): the next start's sweep removes the file.
     p.prepare(vec![claim_ref(UID)]).await.unwrap();
     assert!(file.exists());
-    let mut forgotten = p.checkpoint.load().unwrap();
+    let mut forgotten = p.checkpoint().load().unwrap();
     forgotten.claims.clear();
-    p.checkpoint.save(&forgotten).unwrap();
+    p.checkpoint().save(&forgotten).unwrap();
     let restarted = pipeline(dir.path(), &claims);
     restarted.sweep_attribute_files().await;
     assert!(!file.exists(), "the start sweep left {}", file.display());

@@ -45,16 +45,29 @@ pub(super) struct CallInput {
 /// What a call asks of the next group.
 #[derive(Clone)]
 pub(super) enum Work {
-    /// A prepare pass over the claims at `pending` of `call`.
-    Prepare {
-        call: Arc<CallInput>,
-        pending: Vec<usize>,
-        last_pass: bool,
-        waited_since: Option<Instant>,
-    },
-    Unprepare {
-        requested: Arc<Vec<ClaimRef>>,
-    },
+    Prepare(PrepareWork),
+    Unprepare { requested: Arc<Vec<ClaimRef>> },
+}
+
+/// A prepare pass over the claims at `pending` of `call`; none waits for
+/// a held device when `last_pass`. `waited_since`: when the call began,
+/// once it has waited (the claims' durations then include the wait).
+#[derive(Clone)]
+pub(super) struct PrepareWork {
+    pub(super) call: Arc<CallInput>,
+    pub(super) pending: Vec<usize>,
+    pub(super) last_pass: bool,
+    pub(super) waited_since: Option<Instant>,
+}
+
+/// What one group gathers under the lock, its passes in turn changing it:
+/// the checkpoint, the files to put in place with it (CDI specs,
+/// attributes files), and whether claims were added or released.
+pub(super) struct Commit {
+    pub(super) checkpoint: crate::prepare::checkpoint::Checkpoint,
+    pub(super) staged: Vec<crate::prepare::atomic::Staged>,
+    pub(super) changed: bool,
+    pub(super) released: bool,
 }
 
 /// A job's answer: a prepare pass, or unprepare's answers per claim UID.

@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::group::{Done, Job, Pass, Work};
+use super::group::{Commit, Done, Job, Pass, PrepareWork, Work};
 use super::{ClaimPipeline, PrepareOutcome, spec_in_place};
 use crate::prepare::checkpoint::{CHECKPOINT_VERSION, Checkpoint, NewerCheckpoint, PreparedClaim};
 use crate::prepare::driver::{ClaimRef, Driver};
@@ -33,7 +33,7 @@ impl<D: Driver> ClaimPipeline<D> {
         let mut done = Vec::with_capacity(jobs.len());
         for job in jobs {
             done.push(match &job.work {
-                Work::Prepare { call, pending, .. } => {
+                Work::Prepare(PrepareWork { call, pending, .. }) => {
                     let mut pass = Pass::default();
                     for &index in pending {
                         let outcome = self.prepare_recorded(&call.requested[index], &newer);
@@ -98,7 +98,13 @@ impl<D: Driver> ClaimPipeline<D> {
         newer: &NewerCheckpoint,
         held: &DataDirGuard,
     ) -> BTreeMap<String, Result<(), String>> {
-        let mut readable = Checkpoint::default();
+        // Only what this build reads of it; never saved.
+        let mut readable = Commit {
+            checkpoint: Checkpoint::default(),
+            staged: Vec::new(),
+            changed: false,
+            released: false,
+        };
         let mut served = Vec::new();
         let mut refused = BTreeMap::new();
         for claim in requested {
@@ -117,18 +123,18 @@ impl<D: Driver> ClaimPipeline<D> {
                     continue;
                 }
                 Some(Ok(prepared)) => {
-                    readable.claims.insert(claim.uid.clone(), prepared);
+                    readable
+                        .checkpoint
+                        .claims
+                        .insert(claim.uid.clone(), prepared);
                 }
                 None => {}
             }
             served.push(claim.clone());
         }
         let started = Instant::now();
-        let recorded: Vec<String> = readable.claims.keys().cloned().collect();
-        let mut released = false;
-        let mut answers = self
-            .unprepare_claims(&served, &mut readable, &mut released)
-            .await;
+        let recorded: Vec<String> = readable.checkpoint.claims.keys().cloned().collect();
+        let mut answers = self.unprepare_claims(&served, &mut readable).await;
         let unprepared: Vec<String> = recorded
             .into_iter()
             .filter(|uid| answers.get(uid).is_some_and(Result::is_ok))

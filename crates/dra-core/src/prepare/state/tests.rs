@@ -21,6 +21,7 @@ use crate::prepare::driver::{ContainerEdits, DeviceNode, DriverError};
 
 mod group_commit;
 mod newer;
+mod recover;
 
 const DRIVER: &str = "test.example.com";
 
@@ -125,21 +126,22 @@ fn pipeline_with_metrics(
     let boot_id = dir.join("boot_id");
     std::fs::write(&boot_id, "boot-1\n").unwrap();
     let metrics = PluginMetrics::register(registry).unwrap();
-    Arc::new(ClaimPipeline {
-        driver_name: DRIVER.into(),
-        driver: Arc::new(driver.clone()),
-        claims: Arc::new(claims.clone()),
-        cdi: CdiWriter::new(&dir.join("cdi"), DRIVER, "dev"),
-        attribute_files: AttributeFiles::default().for_driver(DRIVER, &dir.join("cdi")),
-        checkpoint: CheckpointStore::new(dir, boot_id, dir.join("cdi"), metrics.clone()),
-        lock: DataDirLock::new(dir),
+    Arc::new(ClaimPipeline::new(
+        Arc::new(driver.clone()),
+        Arc::new(claims.clone()),
+        PipelineConfig {
+            driver_name: DRIVER,
+            pool: None,
+            data_dir: dir,
+            cdi_root: &dir.join("cdi"),
+            cdi_class: "dev",
+            boot_id_path: boot_id,
+            device_attributes: &AttributeFiles::default(),
+            release_wait,
+        },
         metrics,
-        release_wait,
-        released: Notify::new(),
-        group: group::Queue::default(),
-        status: Default::default(),
-        pool: None,
-    })
+        Default::default(),
+    ))
 }
 
 /// Claim `name` (UID `uid-<name>`) allocated `device` of pool `node`.

@@ -160,8 +160,10 @@ fn prepared(name: &str, devices: &[&str], generation: i64) -> Event {
     }
 }
 
-/// Lets the spawned writers run (time is paused: sleeps advance it).
+/// Lets the spawned writers run, past the quiet time a write waits for
+/// (time is paused: sleeps advance it).
 async fn settle() {
+    tokio::time::sleep(crate::prepare::status::writer::QUIET).await;
     for _ in 0..8 {
         tokio::task::yield_now().await;
     }
@@ -465,3 +467,34 @@ fn the_write_counter_is_named_by_the_rule() {
 
 mod identity;
 mod shapes;
+
+/// The writes of a burst wait until the node has been quiet for `QUIET`
+/// (no claim prepared or unprepared), and never longer than `MAX_HOLD`.
+#[tokio::test(start_paused = true)]
+async fn writes_wait_for_a_quiet_node_at_most_max_hold() {
+    use crate::prepare::status::writer::{MAX_HOLD, QUIET};
+    let api = Arc::new(Recorder::default());
+    let (mut t, _) = tracker(api.clone());
+    let step = QUIET / 2;
+    // A burst: a claim prepared every QUIET / 2; nothing written during it.
+    let started = tokio::time::Instant::now();
+    let mut names = Vec::new();
+    while started.elapsed() < MAX_HOLD - step {
+        let name = format!("c{}", names.len());
+        t.on_event(prepared(&name, &["dev-1"], 1));
+        names.push(name);
+        tokio::time::sleep(step).await;
+        assert!(api.bodies().is_empty(), "written during the burst");
+    }
+    // Still busy, but the first write has waited MAX_HOLD: it goes.
+    t.on_event(prepared("late", &["dev-2"], 1));
+    tokio::time::sleep(step + Duration::from_millis(1)).await;
+    assert!(!api.bodies().is_empty(), "held beyond MAX_HOLD");
+    // Quiet: every claim written, once.
+    settle().await;
+    let mut written: Vec<String> = api.bodies().into_iter().map(|(n, _)| n).collect();
+    written.sort();
+    names.push("late".into());
+    names.sort();
+    assert_eq!(written, names);
+}

@@ -50,6 +50,11 @@ pub(crate) const ATTEMPTS: u32 = 6;
 pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// Claims tracked at most (a node runs far fewer).
 pub(crate) const MAX_CLAIMS: usize = 4096;
+/// A write waits until no claim was prepared or unprepared on the node for
+/// this long ([`settled`])...
+pub(crate) const QUIET: Duration = Duration::from_secs(2);
+/// ...but never longer than this.
+pub(crate) const MAX_HOLD: Duration = Duration::from_secs(10);
 
 /// What a claim's entries should say; no slots: none of ours.
 #[derive(Clone, Debug)]
@@ -86,6 +91,8 @@ pub(crate) struct Tracker<D: Driver> {
     writers: HashMap<Name, Writer>,
     /// Writers of released claims still finishing their clear.
     retiring: HashMap<Name, JoinHandle<()>>,
+    /// When a claim was last prepared or unprepared here ([`settled`]).
+    activity: watch::Sender<tokio::time::Instant>,
 }
 
 impl<D: Driver> Tracker<D> {
@@ -106,6 +113,7 @@ impl<D: Driver> Tracker<D> {
             claims: HashMap::new(),
             writers: HashMap::new(),
             retiring: HashMap::new(),
+            activity: watch::channel(tokio::time::Instant::now()).0,
         }
     }
 
@@ -136,6 +144,7 @@ impl<D: Driver> Tracker<D> {
     }
 
     pub(crate) fn on_event(&mut self, event: Event) {
+        self.activity.send_replace(tokio::time::Instant::now());
         match event {
             Event::Prepared { claim, object } => {
                 let Some(desired) = self.desired_for(&claim, &object) else {
@@ -301,6 +310,7 @@ impl<D: Driver> Tracker<D> {
                 let (tx, rx) = watch::channel(desired);
                 let task = tokio::spawn(write_claim(
                     rx,
+                    self.activity.subscribe(),
                     before,
                     self.api.clone(),
                     self.driver_name.clone(),
@@ -334,6 +344,7 @@ fn same_devices(a: &Desired, b: &Desired) -> bool {
 /// same claim released, or a claim deleted and recreated).
 async fn write_claim(
     mut rx: watch::Receiver<Desired>,
+    mut activity: watch::Receiver<tokio::time::Instant>,
     before: Option<JoinHandle<()>>,
     api: Arc<dyn StatusApi>,
     driver_name: String,
@@ -343,11 +354,29 @@ async fn write_claim(
         let _ = before.await;
     }
     loop {
+        settled(&mut activity).await;
         let desired = rx.borrow_and_update().clone();
         let superseded = apply_with_retries(&desired, &mut rx, &*api, &driver_name, &metrics).await;
         if !superseded && rx.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// Returns once no claim was prepared or unprepared on the node for
+/// [`QUIET`], or after [`MAX_HOLD`]. Status is what a user reads after
+/// the fact; during a burst of pods every apply competes with kubelet and
+/// the scheduler for the API server (a server-side apply per claim, and
+/// the watch events it sends to every claim watcher), and delays the pods
+/// it describes. So the writes of a burst go after it.
+async fn settled(activity: &mut watch::Receiver<tokio::time::Instant>) {
+    let latest = tokio::time::Instant::now() + MAX_HOLD;
+    loop {
+        let until = (*activity.borrow_and_update() + QUIET).min(latest);
+        if tokio::time::Instant::now() >= until {
+            return;
+        }
+        tokio::time::sleep_until(until).await;
     }
 }
 

@@ -13,9 +13,7 @@ use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 
 use crate::publish::clash::FIELD_MANAGER;
 
-/// Where Node events go: the namespace kubelet uses for its own Node events
-/// (a Node has none; `kubectl describe node` finds them there).
-pub(crate) const NODE_EVENT_NAMESPACE: &str = "default";
+pub(crate) use crate::publish::node_event::NODE_EVENT_NAMESPACE;
 
 /// The publisher's requests. Each returns what the server answered; errors
 /// are kube's, so that the callers can tell a conflict from an outage.

@@ -6,13 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::core::v1::Event as CoreEvent;
 use k8s_openapi::jiff::Timestamp;
 
-use super::api::{NODE_EVENT_NAMESPACE, PoolApi};
+use super::api::PoolApi;
 use super::config::PublisherConfig;
 use crate::publish::clash::{ClashSource, Clashes, Withheld};
+use crate::publish::node_event::NodeReporter;
 
 /// Reason of the Node event when a clash starts.
 pub(crate) const CLASH_EVENT_REASON: &str = "DevicesPublishedByAnotherDriver";
@@ -145,33 +145,10 @@ pub(super) fn clash_event(
             names(devices)
         )
     };
-    let node = &config.node_name;
-    CoreEvent {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{node}.")),
-            namespace: Some(NODE_EVENT_NAMESPACE.to_owned()),
-            ..Default::default()
-        },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.clone()),
-            uid: config.node_owner.as_ref().map(|o| o.uid.clone()),
-            ..Default::default()
-        },
-        reason: Some(CLASH_EVENT_REASON.into()),
-        message: Some(what),
-        type_: Some("Warning".into()),
-        action: Some("WithholdDevices".into()),
-        source: Some(EventSource {
-            component: Some(config.driver_name.clone()),
-            host: Some(node.clone()),
-        }),
-        reporting_component: Some(config.driver_name.clone()),
-        reporting_instance: Some(node.clone()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        count: Some(1),
-        ..Default::default()
+    NodeReporter {
+        driver: &config.driver_name,
+        node: &config.node_name,
+        node_uid: config.node_owner.as_ref().map(|o| o.uid.as_str()),
     }
+    .warning(CLASH_EVENT_REASON, "WithholdDevices", what, now)
 }
