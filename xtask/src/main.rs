@@ -30,6 +30,8 @@ mod krew;
 mod manifest_checks;
 mod paths;
 mod supply_chain;
+#[cfg(test)]
+mod templates;
 mod topology;
 
 use clap::{Parser, Subcommand};

@@ -16,6 +16,7 @@ use topology::devicegroup::DEVICE_GROUP_DOMAIN;
 use topology::{InstanceType, PciAddress};
 
 use crate::discovery::{Discovery, Efa};
+use crate::sharing;
 
 /// RDMA (ib) device name.
 pub const RDMA_DEVICE: &str = "rdmaDevice";
@@ -106,6 +107,27 @@ pub fn devices(discovery: &Discovery) -> Vec<Device> {
         .iter()
         .map(|e| efa_device(e, &node))
         .collect()
+}
+
+/// Every usable EFA of a scan as published: [`devices`], shared by capacity
+/// when `shared` and the instance type's bandwidth per EFA is known. What a
+/// scan publishes, and what `discover --instance-type` builds from a model
+/// ([`crate::template`]).
+pub fn published_devices(found: &Discovery, shared: bool) -> Vec<Device> {
+    let mut devices = devices(found);
+    if !shared {
+        return devices;
+    }
+    let instance_type = found.instance_type.as_ref().map(|t| t.as_str());
+    match instance_type.and_then(sharing::adapter_gbps) {
+        Some(gbps) => devices.iter_mut().for_each(|d| sharing::share(d, gbps)),
+        None => tracing::warn!(
+            instance_type = instance_type.unwrap_or("unknown"),
+            "EFA sharing by capacity is on, but the EFA bandwidth of this instance type is \
+             not known: EFAs are published exclusive"
+        ),
+    }
+    devices
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use dra_core::{
     ApiSupport, DeviceHealth, DeviceInventory, HealthCondition, HostPaths, NodeDriver,
     ScannedDevice, Severity,
 };
-use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
 use topology::reuse::{DiscoveryCache, Fingerprint};
 use topology::{PciAddress, SysfsRoot};
@@ -160,23 +160,10 @@ impl EfaInventory {
         }
     }
 
-    /// The devices of a discovery, shared by capacity when sharing is on
-    /// and the instance type's bandwidth per EFA is known.
+    /// The devices of a discovery ([`attributes::published_devices`] with
+    /// this inventory's sharing).
     fn devices_of(&self, found: &discovery::Discovery) -> Vec<Device> {
-        let mut devices = attributes::devices(found);
-        if !self.shared {
-            return devices;
-        }
-        let instance_type = found.instance_type.as_ref().map(|t| t.as_str());
-        match instance_type.and_then(sharing::adapter_gbps) {
-            Some(gbps) => devices.iter_mut().for_each(|d| sharing::share(d, gbps)),
-            None => tracing::warn!(
-                instance_type = instance_type.unwrap_or("unknown"),
-                "EFA sharing by capacity is on, but the EFA bandwidth of this instance type is \
-                 not known: EFAs are published exclusive"
-            ),
-        }
-        devices
+        attributes::published_devices(found, self.shared)
     }
 
     /// Warns once per EFA and reason; forgets EFAs that recovered or left.
@@ -250,6 +237,15 @@ impl DeviceInventory for EfaInventory {
     /// sharing needs a server that keeps the consumable-capacity fields.
     fn wants_api_probe(_: &EfaFlags) -> bool {
         true
+    }
+
+    const RUNTIME_ONLY_ATTRIBUTES: &'static [&'static str] = crate::template::RUNTIME_ONLY;
+
+    fn instance_template(
+        instance_type: &str,
+        flags: &EfaFlags,
+    ) -> Result<(Vec<Device>, Vec<CounterSet>), String> {
+        crate::template::devices(instance_type, flags).map(|devices| (devices, Vec::new()))
     }
 
     /// Where a node pool opts in to sharing (or out): [`sharing::SHARING_LABEL`].

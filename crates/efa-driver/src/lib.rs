@@ -5,7 +5,8 @@
 //! [`prepare`] (the `dra-core` [`dra_core::Driver`] impl), [`inventory`]
 //! (the `dra-core` [`dra_core::DeviceInventory`] impl: what a scan finds),
 //! [`safety`] (refusing to run next to the classic device plugin),
-//! [`sharing`] (EFAs shared by capacity, `--sharing capacity`).
+//! [`sharing`] (EFAs shared by capacity, `--sharing capacity`),
+//! [`template`] (what a node of an instance type publishes, without the node).
 
 pub mod attributes;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod inventory;
 pub mod prepare;
 pub mod safety;
 pub mod sharing;
+pub mod template;
 
 pub use config::EfaConfig;
 pub use discovery::{Discovery, DiscoveryError, Efa, discover};

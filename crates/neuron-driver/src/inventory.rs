@@ -257,6 +257,15 @@ impl DeviceInventory for NeuronInventory {
         true
     }
 
+    const RUNTIME_ONLY_ATTRIBUTES: &'static [&'static str] = crate::template::RUNTIME_ONLY;
+
+    fn instance_template(
+        instance_type: &str,
+        flags: &NeuronFlags,
+    ) -> Result<(Vec<Device>, Vec<CounterSet>), String> {
+        crate::template::devices(instance_type, flags)
+    }
+
     /// Resolves `--partitions` (or the Node's label) and logs the mode and
     /// why, once.
     fn set_api_support(&mut self, support: &ApiSupport) {

@@ -11,7 +11,8 @@
 //! - [`prepare`]: [`prepare::NeuronDriver`], the `dra-core` driver;
 //! - [`inventory`]: the `dra-core` inventory (what a scan finds);
 //! - [`safety`]: the classic device plugin's resources;
-//! - [`ultraserver`]: Trn2 UltraServer membership, node labels and runtime variables.
+//! - [`ultraserver`]: Trn2 UltraServer membership, node labels and runtime variables;
+//! - [`template`]: what a node of an instance type publishes, without the node.
 
 pub mod attributes;
 pub mod bdf;
@@ -23,6 +24,7 @@ pub mod lnc;
 pub mod partitions;
 pub mod prepare;
 pub mod safety;
+pub mod template;
 pub mod ultraserver;
 
 /// Default `--driver-name`.

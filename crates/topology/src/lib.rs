@@ -8,6 +8,8 @@
 //! - [`pci`]: [`PciAddress`], [`PcieRoot`], [`PciDevice`] and [`scan()`];
 //! - [`proximity`](mod@proximity): PIX/PXB/PHB/NODE/SYS between two functions, nearest;
 //! - [`instance`]: the EC2 instance type from DMI;
+//! - [`catalog`]: what each supported instance type holds, without a node
+//!   (the model `discover --instance-type` builds its devices from);
 //! - [`devicegroup`]: AWS's `devicegroup{1,4,8,16}_id` and chip ↔ EFA pairing;
 //! - [`ids`]: vendor/device ids and a classifier;
 //! - [`sysfs`]: attribute and link helpers the drivers reuse;
@@ -19,6 +21,7 @@
 //! functions that could be read.
 
 mod address;
+pub mod catalog;
 pub mod devicegroup;
 pub mod error;
 pub mod held;

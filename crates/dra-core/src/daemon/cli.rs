@@ -154,6 +154,12 @@ pub(crate) struct DiscoverArgs {
     /// Output format.
     #[arg(short, long, env = "OUTPUT_FORMAT", value_enum, default_value_t = OutputFormat::Json)]
     pub output: OutputFormat,
+    /// Print what a node of this EC2 instance type publishes, without
+    /// hardware: its devices without the attributes that exist only on a
+    /// running node, and which devices share each of those
+    /// (`attributeBindings`); `--node-name` is then optional.
+    #[arg(long, env = "DISCOVER_INSTANCE_TYPE", conflicts_with_all = ["sysfs_root", "dev_root"])]
+    pub instance_type: Option<String>,
 }
 
 /// A driver without flags of its own.
@@ -272,6 +278,20 @@ impl<X: Args> DriverCli<X> {
         default_driver: &'static str,
     ) -> clap::Command {
         with_default(Self::command(), "driver_name", default_driver)
+            .mut_subcommand("discover", |discover| {
+                // A template of an instance type is no node's: the pool
+                // is named after the type unless a node name is given.
+                discover.mut_arg("node_name", |a| {
+                    a.required(false)
+                        .required_unless_present("instance_type")
+                        .default_value("")
+                        .hide_default_value(true)
+                        .help(
+                            "Name of this node; also the pool name. Required unless \
+                             --instance-type is given, which names the pool after the type",
+                        )
+                })
+            })
             .name(name)
             .bin_name(name)
             .version(version)
@@ -384,9 +404,17 @@ pub(crate) fn render_list(
         "kind": "List",
         "items": slices,
     });
+    render_document(&list, format)
+}
+
+/// Renders any document `discover` prints, as [`render_list`] does.
+pub(crate) fn render_document(
+    document: &serde_json::Value,
+    format: OutputFormat,
+) -> Result<String, RenderError> {
     let mut out = match format {
-        OutputFormat::Json => serde_json::to_string_pretty(&list)?,
-        OutputFormat::Yaml => serde_saphyr::to_string(&list)?,
+        OutputFormat::Json => serde_json::to_string_pretty(document)?,
+        OutputFormat::Yaml => serde_saphyr::to_string(document)?,
     };
     if !out.ends_with('\n') {
         out.push('\n');

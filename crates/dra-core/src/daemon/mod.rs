@@ -3,7 +3,8 @@
 //! Owns the command line ([`cli`]), the API client ([`client`]), the one
 //! rescan loop that feeds scans to the publisher and to kubelet's health
 //! stream ([`rescan`]), readiness ([`ready`]), the `/metrics` and `/healthz`
-//! server ([`ops`]), and the start-up order: [`runner`] sets up the process
+//! server ([`ops`]), `discover --instance-type`'s templates ([`template`]),
+//! and the start-up order: [`runner`] sets up the process
 //! (logging, runtime, signals) and [`runtime`] starts the plugin, the
 //! publisher and the ops server in that order.
 //!
@@ -26,3 +27,4 @@ pub(crate) mod request_deadline;
 pub(crate) mod rescan;
 pub(crate) mod runner;
 pub(crate) mod runtime;
+pub(crate) mod template;

@@ -16,8 +16,10 @@
 //!
 //! `discover` opens the same inventory and runs the same scan as `run`, and
 //! turns health into taints the same way, so it prints exactly what `run`
-//! would publish. Errors go to stderr (logs
-//! too), so `discover`'s stdout is only the List document.
+//! would publish. `discover --instance-type` reads no hardware: it prints
+//! the driver's template of that type ([`crate::daemon::template`]).
+//! Errors go to stderr (logs too), so `discover`'s stdout is only the List
+//! document.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -28,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::daemon::cli::{
     DiscoverCommand, DriverCli, DriverCommand, LoggingError, RenderError, RunCommand, init_logging,
-    render_list,
+    render_document, render_list,
 };
 use crate::daemon::node_driver::NodeDriver;
 use crate::daemon::rescan::{
@@ -36,6 +38,7 @@ use crate::daemon::rescan::{
     scan_with_taints,
 };
 use crate::daemon::runtime::{OnNode, RuntimeError, run, spawn_signal_handler};
+use crate::daemon::template::template_document;
 use crate::publish::desired_slices_with_counters;
 use crate::scan::inventory::ApiSupport;
 use crate::scan::inventory::DeviceInventory;
@@ -88,6 +91,11 @@ pub(crate) enum RunnerError<E: std::error::Error + 'static> {
     FirstScan(RescanError<E>),
     #[error(transparent)]
     Render(#[from] RenderError),
+    #[error("no template of instance type {instance_type}: {reason}")]
+    Template {
+        instance_type: String,
+        reason: String,
+    },
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
 }
@@ -157,6 +165,9 @@ fn discover<I: DeviceInventory>(
 ) -> Result<(), RunnerError<I::Error>> {
     let common = &cmd.common;
     init_logging(common.log_format, common.log_filter())?;
+    if let Some(instance_type) = &cmd.discover.instance_type {
+        return discover_template::<I>(&cmd, instance_type);
+    }
     let mut inventory =
         I::open(&common.host_paths(), &cmd.extra, &Registry::new()).map_err(RunnerError::Open)?;
     inventory.set_api_support(&ApiSupport::unknown());
@@ -170,6 +181,36 @@ fn discover<I: DeviceInventory>(
         &pool.counter_sets,
     );
     print!("{}", render_list(&slices, cmd.discover.output)?);
+    Ok(())
+}
+
+/// `discover --instance-type`: the driver's devices for a node of that
+/// type, from its model, with no hardware read
+/// ([`crate::daemon::template`]). The pool is named after the instance
+/// type unless `--node-name` says otherwise.
+fn discover_template<I: DeviceInventory>(
+    cmd: &DiscoverCommand<I::Flags>,
+    instance_type: &str,
+) -> Result<(), RunnerError<I::Error>> {
+    let (devices, counter_sets) =
+        I::instance_template(instance_type, &cmd.extra).map_err(|reason| {
+            RunnerError::Template {
+                instance_type: instance_type.to_owned(),
+                reason,
+            }
+        })?;
+    let pool = match cmd.common.node_name.as_str() {
+        "" => instance_type,
+        name => name,
+    };
+    let document = template_document(
+        &cmd.common.driver_name,
+        pool,
+        devices,
+        &counter_sets,
+        I::RUNTIME_ONLY_ATTRIBUTES,
+    );
+    print!("{}", render_document(&document, cmd.discover.output)?);
     Ok(())
 }
 

@@ -208,6 +208,29 @@ pub trait DeviceInventory: Sized + Send + 'static {
     fn node_labels(&self) -> BTreeMap<String, String> {
         BTreeMap::new()
     }
+
+    /// Attributes whose values exist only on a running node (PCI
+    /// addresses, names the kernel gives, versions of what is installed):
+    /// `discover --instance-type` leaves them out of the devices and says
+    /// instead which devices share each value. Default: none.
+    const RUNTIME_ONLY_ATTRIBUTES: &'static [&'static str] = &[];
+
+    /// What a node of `instance_type` publishes, without hardware: the
+    /// devices and counter sets, built from the driver's model of the type
+    /// by the code a scan builds them with, as `discover` would print them
+    /// (no Node labels, no API server). Each attribute of
+    /// [`Self::RUNTIME_ONLY_ATTRIBUTES`] holds a stand-in value that devices
+    /// share exactly where they share the value on a node. `Err` says why
+    /// not (an instance type without a model, naming those with one).
+    /// Default: no model of any type.
+    fn instance_template(
+        instance_type: &str,
+        _flags: &Self::Flags,
+    ) -> Result<(Vec<Device>, Vec<CounterSet>), String> {
+        Err(format!(
+            "this driver has no models of instance types ({instance_type})"
+        ))
+    }
 }
 
 #[cfg(test)]
