@@ -263,11 +263,9 @@ impl<D: Driver> KubeletPlugin<D> {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
 
-        let (driver, pool) = (Arc::clone(&self.driver), self.options.pool.clone());
+        let driver = Arc::clone(&self.driver);
         let name = &self.options.driver_name;
-        let status = self
-            .status
-            .map(|s| s.start(driver, name, pool, shutdown.clone()));
+        let status = self.status.map(|s| s.start(driver, name, shutdown.clone()));
         let pipeline = Arc::new(ClaimPipeline::new(
             self.driver,
             self.claims,

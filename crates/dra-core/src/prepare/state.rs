@@ -48,7 +48,7 @@ use crate::prepare::driver::{AllocatedDevice, ClaimRef, DeviceEdits, Driver, Pre
 use crate::prepare::lock::{DataDirGuard, DataDirLock, LockError};
 use crate::prepare::metrics::PluginMetrics;
 use crate::prepare::resolve::{ResolveError, resolve_claim_with};
-use crate::prepare::status::ClaimStatus;
+use crate::prepare::status::{ClaimStatus, Prepared};
 
 mod attribute_files;
 pub(crate) mod group;
@@ -74,6 +74,9 @@ pub(crate) enum PipelineError {
     #[error("{0}")]
     Group(String),
 }
+
+/// A claim's devices of this driver, resolved from its allocation.
+type Resolved<D> = Vec<crate::prepare::resolve::ResolvedDevice<<D as Driver>::Config>>;
 
 /// Per-claim answer of prepare: the devices, or an actionable message.
 pub(crate) type PrepareOutcome = Result<Vec<PreparedDevice>, String>;
@@ -105,7 +108,7 @@ pub(crate) struct ClaimPipeline<D: Driver> {
     released: Notify,
     /// Work of concurrent calls waiting for the next group commit.
     group: group::Queue,
-    status: ClaimStatus,
+    status: ClaimStatus<D::Config>,
     /// UIDs of claims rebuilt from disk after a damaged checkpoint, not yet
     /// confirmed against the API server ([`recover`]).
     unconfirmed: tokio::sync::watch::Sender<std::collections::BTreeSet<String>>,
@@ -132,7 +135,7 @@ impl<D: Driver> ClaimPipeline<D> {
         claims: Arc<dyn ClaimSource>,
         config: PipelineConfig<'_>,
         metrics: PluginMetrics,
-        status: ClaimStatus,
+        status: ClaimStatus<D::Config>,
     ) -> Self {
         let name = config.driver_name;
         Self {
@@ -156,6 +159,34 @@ impl<D: Driver> ClaimPipeline<D> {
             status,
             unconfirmed: tokio::sync::watch::channel(Default::default()).0,
         }
+    }
+
+    /// What the status task needs of a claim answered with devices: its
+    /// devices of ours as this pass resolved them (`resolved`), or for a
+    /// claim answered from the checkpoint as its allocation has them now.
+    /// `None` without the claim object (nothing to write status to).
+    fn for_status(
+        &self,
+        claim: &ClaimRef,
+        object: Option<&ResourceClaim>,
+        resolved: Option<Resolved<D>>,
+    ) -> Option<Prepared<D::Config>> {
+        let object = object?;
+        let devices = match resolved {
+            Some(resolved) => resolved,
+            None => {
+                let own = |device: &str| vec![device.to_owned()];
+                let prepared = BTreeMap::new();
+                let pool = self.pool.as_deref();
+                let name = &self.driver_name;
+                resolve_claim_with(name, pool, claim, Some(object), &prepared, &own).ok()?
+            }
+        };
+        Some(Prepared {
+            claim: claim.clone(),
+            generation: object.metadata.generation,
+            devices,
+        })
     }
 
     /// The refusal while the checkpoint is a newer version's (the readiness).
@@ -249,7 +280,6 @@ impl<D: Driver> ClaimPipeline<D> {
             total_seconds = call_started.elapsed().as_secs_f64(),
             "prepare call timings"
         );
-        self.status.prepared(requested, &call.fetched, &answers);
         Ok(answers)
     }
 
@@ -315,12 +345,7 @@ impl<D: Driver> ClaimPipeline<D> {
             Read::Newer(newer) => return Ok(self.serve_newer(jobs, newer, held).await),
         };
         let load = started.elapsed().as_secs_f64();
-        let mut commit = Commit {
-            checkpoint,
-            staged: Vec::new(),
-            changed: false,
-            released: false,
-        };
+        let mut commit = Commit::new(checkpoint);
         let mut done = Vec::with_capacity(jobs.len());
         for job in jobs {
             done.push(match &job.work {
@@ -345,6 +370,7 @@ impl<D: Driver> ClaimPipeline<D> {
                 .save_with(&commit.checkpoint, commit.staged)?;
         }
         crate::prepare::crash::point("group:committed");
+        self.status.prepared(std::mem::take(&mut commit.status));
         let save = saving.elapsed().as_secs_f64();
         for d in &mut done {
             if let Done::Prepare(pass) = d {
@@ -368,7 +394,7 @@ impl<D: Driver> ClaimPipeline<D> {
     /// One prepare pass ([`PrepareWork`]) against the group's commit:
     /// answers, and the claims held by another claim that are worth
     /// another pass (none on the last pass).
-    async fn prepare_claims(&self, work: &PrepareWork, commit: &mut Commit) -> Pass {
+    async fn prepare_claims(&self, work: &PrepareWork, commit: &mut Commit<D::Config>) -> Pass {
         let PrepareWork {
             call,
             pending,
@@ -383,17 +409,25 @@ impl<D: Driver> ClaimPipeline<D> {
             let started = waited_since.unwrap_or_else(Instant::now);
             // Whether the claim is refused because the device stayed held.
             let mut still_held = false;
+            let object = fetched[index].as_ref().ok().and_then(Option::as_ref);
             let outcome = match commit.checkpoint.claims.get(&claim.uid) {
-                Some(done) if spec_in_place(done) => Ok(done.devices.clone()),
+                Some(done) if spec_in_place(done) => {
+                    let devices = done.devices.clone();
+                    commit.status.extend(self.for_status(claim, object, None));
+                    Ok(devices)
+                }
                 _ => match self
                     .prepare_one(claim, &fetched[index], &commit.checkpoint)
                     .await
                 {
-                    Ok((prepared, staged)) => {
+                    Ok((prepared, staged, resolved)) => {
                         let devices = prepared.devices.clone();
                         commit.checkpoint.claims.insert(claim.uid.clone(), prepared);
                         commit.staged.extend(staged);
                         commit.changed = true;
+                        commit
+                            .status
+                            .extend(self.for_status(claim, object, Some(resolved)));
                         Ok(devices)
                     }
                     // A claim of this same call will not be unprepared
@@ -446,7 +480,7 @@ impl<D: Driver> ClaimPipeline<D> {
         claim: &ClaimRef,
         fetched: &Result<Option<ResourceClaim>, ClaimSourceError>,
         checkpoint: &Checkpoint,
-    ) -> Result<(PreparedClaim, Vec<Staged>), Refusal> {
+    ) -> Result<(PreparedClaim, Vec<Staged>, Resolved<D>), Refusal> {
         let who = format!("ResourceClaim {}/{}", claim.namespace, claim.name);
         let object = fetched.as_ref().map_err(|e| {
             Refusal::Final(format!(
@@ -469,10 +503,8 @@ impl<D: Driver> ClaimPipeline<D> {
             },
             other => Refusal::Final(other.to_string()),
         })?;
-        let (allocated, recorded): (Vec<_>, Vec<_>) = resolved
-            .into_iter()
-            .map(|d| (d.allocated, (d.request_names, d.share_ids)))
-            .unzip();
+        let allocated: Vec<AllocatedDevice<D::Config>> =
+            resolved.iter().map(|d| d.allocated.clone()).collect();
 
         let edits = self
             .driver
@@ -487,16 +519,15 @@ impl<D: Driver> ClaimPipeline<D> {
             .iter()
             .filter_map(|a| edits.iter().find(|e| e.device == a.device).cloned())
             .collect();
-        let mut devices: Vec<PreparedDevice> = allocated
+        let mut devices: Vec<PreparedDevice> = resolved
             .iter()
-            .zip(recorded)
-            .map(|(a, (request_names, share_ids))| PreparedDevice {
-                request_names,
-                pool: a.pool.clone(),
-                device: a.device.clone(),
-                admin_access: a.admin_access,
+            .map(|d| PreparedDevice {
+                request_names: d.request_names.clone(),
+                pool: d.allocated.pool.clone(),
+                device: d.allocated.device.clone(),
+                admin_access: d.allocated.admin_access,
                 cdi_device_ids: Vec::new(),
-                share_ids,
+                share_ids: d.share_ids.clone(),
             })
             .collect();
         let (mounts, mut staged): (Vec<_>, Vec<_>) = self
@@ -521,7 +552,7 @@ impl<D: Driver> ClaimPipeline<D> {
             devices,
             cdi_spec_path: spec_path,
         };
-        Ok((prepared, staged))
+        Ok((prepared, staged, resolved))
     }
 }
 

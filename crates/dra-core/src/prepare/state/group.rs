@@ -62,12 +62,26 @@ pub(super) struct PrepareWork {
 
 /// What one group gathers under the lock, its passes in turn changing it:
 /// the checkpoint, the files to put in place with it (CDI specs,
-/// attributes files), and whether claims were added or released.
-pub(super) struct Commit {
+/// attributes files), whether claims were added or released, and the
+/// claims answered with devices, for the status task once committed.
+pub(super) struct Commit<C> {
     pub(super) checkpoint: crate::prepare::checkpoint::Checkpoint,
     pub(super) staged: Vec<crate::prepare::atomic::Staged>,
     pub(super) changed: bool,
     pub(super) released: bool,
+    pub(super) status: Vec<crate::prepare::status::Prepared<C>>,
+}
+
+impl<C> Commit<C> {
+    pub(super) fn new(checkpoint: crate::prepare::checkpoint::Checkpoint) -> Self {
+        Self {
+            checkpoint,
+            staged: Vec::new(),
+            changed: false,
+            released: false,
+            status: Vec::new(),
+        }
+    }
 }
 
 /// A job's answer: a prepare pass, or unprepare's answers per claim UID.

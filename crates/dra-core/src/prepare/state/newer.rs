@@ -99,12 +99,7 @@ impl<D: Driver> ClaimPipeline<D> {
         held: &DataDirGuard,
     ) -> BTreeMap<String, Result<(), String>> {
         // Only what this build reads of it; never saved.
-        let mut readable = Commit {
-            checkpoint: Checkpoint::default(),
-            staged: Vec::new(),
-            changed: false,
-            released: false,
-        };
+        let mut readable = Commit::new(Checkpoint::default());
         let mut served = Vec::new();
         let mut refused = BTreeMap::new();
         for claim in requested {

@@ -22,6 +22,7 @@ use crate::prepare::driver::{ContainerEdits, DeviceNode, DriverError};
 mod group_commit;
 mod newer;
 mod recover;
+mod status;
 
 const DRIVER: &str = "test.example.com";
 

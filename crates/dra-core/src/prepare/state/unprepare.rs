@@ -28,7 +28,7 @@ impl<D: Driver> ClaimPipeline<D> {
     pub(super) async fn unprepare_claims(
         &self,
         requested: &[ClaimRef],
-        commit: &mut Commit,
+        commit: &mut Commit<D::Config>,
     ) -> BTreeMap<String, Result<(), String>> {
         let mut answers = BTreeMap::new();
         for claim in requested {

@@ -11,9 +11,10 @@
 //! deallocated devices itself, so a claim deallocated before our clear lands
 //! is already clean.
 //!
-//! Writing never fails or delays a prepare: the pipeline hands the claim as
-//! it read it to a bounded queue ([`ClaimStatus`]) after answering, and a
-//! task resolves it, asks the driver for its data and applies it, each claim
+//! Writing never fails or delays a prepare: once a group commit is in
+//! place, the pipeline hands each claim it prepared, with the devices it
+//! resolved, to a bounded queue ([`ClaimStatus`]), and a task asks the
+//! driver for their data and applies it, each claim
 //! name through its own writer ([`writer`]) with a timeout per request and a
 //! bounded number of retries; failures and a full queue are counted in
 //! `aws_dra_plugin_claim_status_writes_total`.
@@ -36,12 +37,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::prepare::claims::ClaimSourceError;
 use crate::prepare::driver::{ClaimRef, Driver};
+use crate::prepare::resolve::ResolvedDevice;
 
 pub(crate) mod api;
 pub(crate) mod entry;
@@ -64,45 +64,64 @@ pub(crate) struct DeviceReadiness {
     pub(crate) message: String,
 }
 
+/// A claim the pipeline prepared, with its devices of this driver as the
+/// pipeline resolved them (the task does not resolve the claim again).
+pub(crate) struct Prepared<C> {
+    pub(crate) claim: ClaimRef,
+    /// The claim's generation as read, for `observedGeneration`.
+    pub(crate) generation: Option<i64>,
+    pub(crate) devices: Vec<ResolvedDevice<C>>,
+}
+
 /// A claim the pipeline answered or released.
-pub(crate) enum Event {
-    Prepared {
-        claim: ClaimRef,
-        object: Box<ResourceClaim>,
-    },
-    Unprepared {
-        claim: ClaimRef,
-    },
+pub(crate) enum Event<C> {
+    Prepared(Prepared<C>),
+    Unprepared { claim: ClaimRef },
 }
 
 /// The pipeline's end of the status task: cheap to clone; the default
 /// writes nothing (tests, or no API server).
-#[derive(Clone, Default)]
-pub(crate) struct ClaimStatus {
-    events: Option<mpsc::Sender<Event>>,
+pub(crate) struct ClaimStatus<C> {
+    events: Option<mpsc::Sender<Event<C>>>,
     metrics: Option<StatusMetrics>,
 }
 
-impl ClaimStatus {
-    /// After a prepare call: every claim answered with devices gets its
+impl<C> Default for ClaimStatus<C> {
+    fn default() -> Self {
+        Self {
+            events: None,
+            metrics: None,
+        }
+    }
+}
+
+impl<C> Clone for ClaimStatus<C> {
+    fn clone(&self) -> Self {
+        Self {
+            events: self.events.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+impl<C> ClaimStatus<C> {
+    /// An end whose events come out of the receiver (tests of the pipeline).
+    #[cfg(test)]
+    pub(crate) fn channel() -> (Self, mpsc::Receiver<Event<C>>) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let status = Self {
+            events: Some(tx),
+            metrics: None,
+        };
+        (status, rx)
+    }
+
+    /// After a group commit: every claim it answered with devices gets its
     /// entries (again, for one answered from the checkpoint: the task skips
-    /// what it already wrote). `fetched` is aligned with `requested`.
-    pub(crate) fn prepared<T>(
-        &self,
-        requested: &[ClaimRef],
-        fetched: &[Result<Option<ResourceClaim>, ClaimSourceError>],
-        answers: &BTreeMap<String, Result<T, String>>,
-    ) {
-        for (claim, fetched) in requested.iter().zip(fetched) {
-            let (Some(Ok(_)), Ok(Some(object))) = (answers.get(&claim.uid), fetched) else {
-                // Not prepared by this call: prepare logged why.
-                tracing::debug!(claim = %claim, "no status: the claim was not prepared");
-                continue;
-            };
-            self.send(Event::Prepared {
-                claim: claim.clone(),
-                object: Box::new(object.clone()),
-            });
+    /// what it already wrote).
+    pub(crate) fn prepared(&self, claims: Vec<Prepared<C>>) {
+        for claim in claims {
+            self.send(Event::Prepared(claim));
         }
     }
 
@@ -122,7 +141,7 @@ impl ClaimStatus {
         }
     }
 
-    fn send(&self, event: Event) {
+    fn send(&self, event: Event<C>) {
         let Some(events) = &self.events else {
             tracing::debug!("no status: this plugin writes no claim status (no API client)");
             return;
@@ -150,14 +169,12 @@ impl StatusSetup {
         self,
         driver: Arc<D>,
         driver_name: &str,
-        pool: Option<String>,
         shutdown: CancellationToken,
-    ) -> ClaimStatus {
+    ) -> ClaimStatus<D::Config> {
         let (tx, rx) = mpsc::channel(QUEUE);
         let task = writer::Tracker::new(
             driver,
             driver_name.to_owned(),
-            pool,
             self.api,
             self.metrics.clone(),
         );

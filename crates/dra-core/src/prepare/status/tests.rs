@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaimStatus,
+    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceClaimStatus,
 };
 use prometheus::Registry;
 use serde_json::{Value, json};
@@ -142,22 +143,38 @@ fn claim(name: &str, devices: &[&str], generation: i64) -> (ClaimRef, ResourceCl
 
 fn tracker(api: Arc<Recorder>) -> (Tracker<Reporting>, StatusMetrics) {
     let metrics = StatusMetrics::register(&Registry::new()).unwrap();
-    let t = Tracker::new(
-        Arc::new(Reporting),
-        DRIVER.into(),
-        Some("node".into()),
-        api,
-        metrics.clone(),
-    );
+    let t = Tracker::new(Arc::new(Reporting), DRIVER.into(), api, metrics.clone());
     (t, metrics)
 }
 
-fn prepared(name: &str, devices: &[&str], generation: i64) -> Event {
-    let (claim, object) = claim(name, devices, generation);
-    Event::Prepared {
+/// What the pipeline hands the task for `claim` as `object` allocates it:
+/// the devices of `driver` in `pool`, resolved.
+fn prepared_event(
+    driver: &str,
+    pool: &str,
+    claim: ClaimRef,
+    object: &ResourceClaim,
+) -> Event<NoConfig> {
+    let own = |device: &str| vec![device.to_owned()];
+    let devices = crate::prepare::resolve::resolve_claim_with::<NoConfig>(
+        driver,
+        Some(pool),
+        &claim,
+        Some(object),
+        &BTreeMap::new(),
+        &own,
+    )
+    .unwrap();
+    Event::Prepared(Prepared {
         claim,
-        object: Box::new(object),
-    }
+        generation: object.metadata.generation,
+        devices,
+    })
+}
+
+fn prepared(name: &str, devices: &[&str], generation: i64) -> Event<NoConfig> {
+    let (claim, object) = claim(name, devices, generation);
+    prepared_event(DRIVER, "node", claim, &object)
 }
 
 /// Lets the spawned writers run, past the quiet time a write waits for
@@ -382,7 +399,7 @@ async fn a_newer_state_replaces_one_waiting_for_a_retry() {
 }
 
 #[tokio::test]
-async fn the_pipeline_end_sends_answered_claims_and_counts_a_full_queue() {
+async fn the_pipeline_end_sends_its_claims_and_counts_a_full_queue() {
     let metrics = StatusMetrics::register(&Registry::new()).unwrap();
     let (tx, mut rx) = mpsc::channel(1);
     let status = ClaimStatus {
@@ -390,20 +407,13 @@ async fn the_pipeline_end_sends_answered_claims_and_counts_a_full_queue() {
         metrics: Some(metrics.clone()),
     };
     let (a, object_a) = claim("a", &["dev-1"], 1);
-    let (b, object_b) = claim("b", &["dev-2"], 1);
-    let answers: BTreeMap<String, Result<(), String>> = [
-        (a.uid.clone(), Ok(())),
-        (b.uid.clone(), Err("refused".into())),
-    ]
-    .into_iter()
-    .collect();
-    status.prepared(
-        &[a.clone(), b.clone()],
-        &[Ok(Some(object_a)), Ok(Some(object_b))],
-        &answers,
-    );
-    assert!(matches!(rx.try_recv(), Ok(Event::Prepared { claim, .. }) if claim == a));
-    assert!(rx.try_recv().is_err(), "a refused claim gets no status");
+    let (b, _) = claim("b", &["dev-2"], 1);
+    let Event::Prepared(prepared_a) = prepared_event(DRIVER, "node", a.clone(), &object_a) else {
+        unreachable!()
+    };
+    status.prepared(vec![prepared_a]);
+    assert!(matches!(rx.try_recv(), Ok(Event::Prepared(p)) if p.claim == a));
+    assert!(rx.try_recv().is_err());
 
     let both: BTreeMap<String, Result<(), String>> =
         [(a.uid.clone(), Ok(())), (b.uid.clone(), Ok(()))]
@@ -413,7 +423,7 @@ async fn the_pipeline_end_sends_answered_claims_and_counts_a_full_queue() {
     assert!(matches!(rx.try_recv(), Ok(Event::Unprepared { claim }) if claim == a));
     assert_eq!(metrics.count("dropped"), 1, "the second did not fit");
     // The default end writes nothing and never blocks.
-    ClaimStatus::default().unprepared(&[a], &both);
+    ClaimStatus::<NoConfig>::default().unprepared(&[a], &both);
 }
 
 #[test]

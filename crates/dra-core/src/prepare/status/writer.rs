@@ -27,7 +27,7 @@
 //! (about 31 s of waiting in all); at most [`MAX_CLAIMS`] claims tracked.
 //! A device missing from a health report keeps its last readiness.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,10 +39,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::prepare::driver::{AllocatedDevice, ClaimRef, Driver};
-use crate::prepare::resolve::resolve_claim_with;
 use crate::prepare::status::api::{ApplyError, StatusApi, StatusMetrics};
 use crate::prepare::status::entry::{Slot, apply_body};
-use crate::prepare::status::{DeviceReadiness, Event};
+use crate::prepare::status::{DeviceReadiness, Event, Prepared};
 
 /// Tries per desired state of a claim.
 pub(crate) const ATTEMPTS: u32 = 6;
@@ -80,7 +79,6 @@ struct Writer {
 pub(crate) struct Tracker<D: Driver> {
     driver: Arc<D>,
     driver_name: String,
-    pool: Option<String>,
     api: Arc<dyn StatusApi>,
     metrics: StatusMetrics,
     /// Readiness by (pool, device): healthy, what failed.
@@ -99,14 +97,12 @@ impl<D: Driver> Tracker<D> {
     pub(crate) fn new(
         driver: Arc<D>,
         driver_name: String,
-        pool: Option<String>,
         api: Arc<dyn StatusApi>,
         metrics: StatusMetrics,
     ) -> Self {
         Self {
             driver,
             driver_name,
-            pool,
             api,
             metrics,
             health: HashMap::new(),
@@ -120,7 +116,7 @@ impl<D: Driver> Tracker<D> {
     /// Until `shutdown` or the pipeline's end is gone.
     pub(crate) async fn run(
         mut self,
-        mut events: mpsc::Receiver<Event>,
+        mut events: mpsc::Receiver<Event<D::Config>>,
         mut readiness: BoxStream<'static, Vec<DeviceReadiness>>,
         shutdown: CancellationToken,
     ) {
@@ -143,11 +139,12 @@ impl<D: Driver> Tracker<D> {
         }
     }
 
-    pub(crate) fn on_event(&mut self, event: Event) {
+    pub(crate) fn on_event(&mut self, event: Event<D::Config>) {
         self.activity.send_replace(tokio::time::Instant::now());
         match event {
-            Event::Prepared { claim, object } => {
-                let Some(desired) = self.desired_for(&claim, &object) else {
+            Event::Prepared(prepared) => {
+                let claim = prepared.claim.clone();
+                let Some(desired) = self.desired_for(prepared) else {
                     return;
                 };
                 let name = name_of(&claim);
@@ -192,25 +189,14 @@ impl<D: Driver> Tracker<D> {
     }
 
     /// The entries of a claim as prepared; `None` when it has no devices of
-    /// ours (or no longer resolves: prepare said why).
-    fn desired_for(
-        &self,
-        claim: &ClaimRef,
-        object: &k8s_openapi::api::resource::v1::ResourceClaim,
-    ) -> Option<Desired> {
-        let own = |device: &str| vec![device.to_owned()];
-        let resolved = resolve_claim_with::<D::Config>(
-            &self.driver_name,
-            self.pool.as_deref(),
+    /// ours.
+    fn desired_for(&self, prepared: Prepared<D::Config>) -> Option<Desired> {
+        let Prepared {
             claim,
-            Some(object),
-            &BTreeMap::new(),
-            &own,
-        )
-        .inspect_err(
-            |e| tracing::debug!(claim = %claim, error = %e, "no status: claim does not resolve"),
-        )
-        .ok()?;
+            generation,
+            devices: resolved,
+        } = prepared;
+        let claim = &claim;
         if resolved.is_empty() {
             tracing::debug!(claim = %claim, driver = %self.driver_name, "no status: the claim has no devices of this driver");
             return None;
@@ -256,7 +242,7 @@ impl<D: Driver> Tracker<D> {
         }
         Some(Desired {
             claim: claim.clone(),
-            generation: object.metadata.generation,
+            generation,
             slots,
         })
     }

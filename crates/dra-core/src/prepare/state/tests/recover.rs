@@ -8,8 +8,8 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::prepare::state::recover::CONFIRM_MAX_RETRY;
 use crate::prepare::claims::{ClaimSource, ClaimSourceError};
+use crate::prepare::state::recover::CONFIRM_MAX_RETRY;
 
 const UID_A: &str = "0a1b2c3d-0000-4000-8000-00000000000a";
 
@@ -213,7 +213,10 @@ async fn a_recovered_claim_is_confirmed_once_the_api_server_answers() {
         asked: Default::default(),
     };
     let p = restarted(dir.path(), &driver, Arc::new(source)).await;
-    assert!(p.unconfirmed.borrow().contains(UID_A), "no answer yet: kept");
+    assert!(
+        p.unconfirmed.borrow().contains(UID_A),
+        "no answer yet: kept"
+    );
     let running = CancellationToken::new();
     let task = tokio::spawn(p.clone().confirm_in_background(running.clone()));
     let confirmed = tokio::time::timeout(CONFIRM_MAX_RETRY, async {

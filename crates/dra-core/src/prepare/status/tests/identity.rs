@@ -88,28 +88,19 @@ impl StatusApi for Server {
 
 fn tracker_on(api: Arc<Server>) -> (Tracker<Reporting>, StatusMetrics) {
     let metrics = StatusMetrics::register(&Registry::new()).unwrap();
-    let t = Tracker::new(
-        Arc::new(Reporting),
-        DRIVER.into(),
-        Some("node".into()),
-        api,
-        metrics.clone(),
-    );
+    let t = Tracker::new(Arc::new(Reporting), DRIVER.into(), api, metrics.clone());
     (t, metrics)
 }
 
 /// Claim `name` as prepared under `uid`.
-fn prepared_as(name: &str, uid: &str, devices: &[&str], generation: i64) -> Event {
+fn prepared_as(name: &str, uid: &str, devices: &[&str], generation: i64) -> Event<NoConfig> {
     let (mut claim, mut object) = claim(name, devices, generation);
     claim.uid = uid.into();
     object.metadata.uid = Some(uid.into());
-    Event::Prepared {
-        claim,
-        object: Box::new(object),
-    }
+    prepared_event(DRIVER, "node", claim, &object)
 }
 
-fn unprepared_as(name: &str, uid: &str) -> Event {
+fn unprepared_as(name: &str, uid: &str) -> Event<NoConfig> {
     let mut claim = claim(name, &[], 1).0;
     claim.uid = uid.into();
     Event::Unprepared { claim }

@@ -11,17 +11,12 @@ const POOL: &str = "trn2";
 /// The task of `driver` on the node `trn2`.
 fn tracker_of(driver: &str, api: Arc<Recorder>) -> Tracker<Reporting> {
     let metrics = StatusMetrics::register(&Registry::new()).unwrap();
-    Tracker::new(
-        Arc::new(Reporting),
-        driver.into(),
-        Some(POOL.into()),
-        api,
-        metrics,
-    )
+    Tracker::new(Arc::new(Reporting), driver.into(), api, metrics)
 }
 
-/// A claim allocated `(request, driver, device, shareID)` in pool `trn2`.
-fn allocated(results: &[(&str, &str, &str, Option<&str>)]) -> Event {
+/// A claim allocated `(request, driver, device, shareID)` in pool `trn2`,
+/// as the pipeline of `driver` hands it over.
+fn allocated(driver: &str, results: &[(&str, &str, &str, Option<&str>)]) -> Event<NoConfig> {
     let (claim, mut object) = claim("mixed", &[], 1);
     let results = results
         .iter()
@@ -45,10 +40,7 @@ fn allocated(results: &[(&str, &str, &str, Option<&str>)]) -> Event {
         .as_mut()
         .unwrap();
     devices.results = Some(results);
-    Event::Prepared {
-        claim,
-        object: Box::new(object),
-    }
+    prepared_event(driver, POOL, claim, &object)
 }
 
 /// `(driver, pool, device, shareID)` of each entry applied.
@@ -112,7 +104,7 @@ async fn each_driver_writes_an_entry_per_own_device_in_cores_and_chip_mode() {
     for (results, driver, want) in cases {
         let api = Arc::new(Recorder::default());
         let mut t = tracker_of(driver, api.clone());
-        t.on_event(allocated(results));
+        t.on_event(allocated(driver, results));
         settle().await;
         assert_eq!(written(&api), want, "{driver} on {results:?}");
     }
@@ -122,11 +114,14 @@ async fn each_driver_writes_an_entry_per_own_device_in_cores_and_chip_mode() {
 async fn an_efa_shared_by_capacity_gets_an_entry_per_share() {
     let api = Arc::new(Recorder::default());
     let mut t = tracker_of(EFA, api.clone());
-    t.on_event(allocated(&[
-        ("a", EFA, "efa-0000-4f-00-0", Some("s1")),
-        ("b", EFA, "efa-0000-4f-00-0", Some("s2")),
-        ("chip", NEURON, "neurondevice0", None),
-    ]));
+    t.on_event(allocated(
+        EFA,
+        &[
+            ("a", EFA, "efa-0000-4f-00-0", Some("s1")),
+            ("b", EFA, "efa-0000-4f-00-0", Some("s2")),
+            ("chip", NEURON, "neurondevice0", None),
+        ],
+    ));
     settle().await;
     assert_eq!(
         written(&api),
