@@ -480,6 +480,9 @@ fn e2e_summary(work: &std::path::Path) -> Vec<String> {
                 f.failed,
                 f.skipped.len()
             ));
+            if !f.enabled.is_empty() {
+                out.push(format!("ci:     turned on at bring-up: {}", f.enabled));
+            }
             for (name, why) in &f.skipped {
                 out.push(format!("ci:     skipped {name}: {why}"));
             }

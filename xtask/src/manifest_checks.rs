@@ -13,6 +13,8 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api;
 use serde_json::Value;
 
+mod workloads;
+
 /// Parses a multi-document YAML stream into JSON values, dropping empty
 /// documents (Helm emits them for templates that render nothing).
 pub fn parse(yaml: &str) -> Result<Vec<Value>> {
@@ -46,6 +48,16 @@ fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(obj: &Value) -> 
 pub fn check_typed(obj: &Value) -> Result<()> {
     let api_version = obj["apiVersion"].as_str().unwrap_or_default();
     let kind = obj["kind"].as_str().unwrap_or_default();
+    // Newer than our k8s-openapi types: checked by hand (`workloads.rs`).
+    if (api_version, kind) == ("v1", "Pod")
+        && let Some(rest) = workloads::without_scheduling_group(obj).with_context(|| id(obj))?
+    {
+        return check_typed(&rest);
+    }
+    if (api_version, kind) == ("scheduling.k8s.io/v1beta1", "PodGroup") {
+        roundtrip::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(&obj["metadata"])?;
+        return workloads::check_pod_group(obj).with_context(|| id(obj));
+    }
     let back = match (api_version, kind) {
         ("v1", "ServiceAccount") => roundtrip::<api::core::v1::ServiceAccount>(obj)?,
         ("v1", "Service") => roundtrip::<api::core::v1::Service>(obj)?,

@@ -42,6 +42,7 @@ use local_cluster::cluster::{ClusterConfig, HostProcess, LocalCluster, NodeSpec,
 use local_cluster::error::{Error, Result, io};
 use local_cluster::toolchain::PAUSE_IMAGE;
 
+mod node_state;
 mod outage;
 mod spawn;
 
@@ -98,6 +99,7 @@ impl LocalTestbed {
             keep_state_dir: options.keep_state_dir,
             audit_log: options.audit_log,
             kubelet_sync_frequency: options.kubelet_sync_frequency,
+            enable: options.enable.clone(),
             nodes: (options.nodes.iter())
                 .map(|(n, t, _)| NodeSpec::for_fixture(n, t))
                 .collect(),
@@ -552,7 +554,19 @@ impl Testbed for LocalTestbed {
     }
 
     fn offers() -> &'static [TestbedOp] {
-        &[TestbedOp::StopApiServer]
+        &[
+            TestbedOp::StopApiServer,
+            TestbedOp::EnableFeatureGates,
+            TestbedOp::NodeState,
+        ]
+    }
+
+    fn damage_checkpoint(&self, node: &str, kind: DriverKind) -> Result<()> {
+        self.truncate_checkpoint(node, kind)
+    }
+
+    async fn kill_container(&self, node: &str, container_id: &str) -> Result<()> {
+        self.kill_node_container(node, container_id).await
     }
 
     async fn with_api_server_stopped<R>(&self, outage: impl Future<Output = R>) -> Result<R> {

@@ -20,6 +20,7 @@ use local_cluster::cluster::TeardownReport;
 use local_cluster::cluster_config::selected_kubernetes_version;
 use local_cluster::error::{Error, Result};
 use local_cluster::versions::KubernetesVersion;
+use local_cluster::versions::opt_in::Enablement;
 
 /// A driver the suite runs on a node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -168,6 +169,11 @@ pub enum TestbedOp {
     /// [`Testbed::with_api_server_stopped`], [`Testbed::spawn_driver`],
     /// [`Testbed::driver_readyz`] and [`Testbed::driver_process_id`].
     StopApiServer,
+    /// Bring-up with feature gates and API versions turned on beyond the
+    /// release's defaults ([`LocalOptions::enable`]).
+    EnableFeatureGates,
+    /// [`Testbed::damage_checkpoint`] and [`Testbed::kill_container`].
+    NodeState,
 }
 
 impl TestbedOp {
@@ -180,6 +186,14 @@ impl TestbedOp {
             TestbedOp::StopApiServer => {
                 "stop the API server and start a driver while it is down (drivers as host processes \
                  on a local cluster)"
+            }
+            TestbedOp::NodeState => {
+                "damage a driver's checkpoint and kill a container on a node (drivers as host \
+                 processes on a local cluster)"
+            }
+            TestbedOp::EnableFeatureGates => {
+                "turn feature gates and API versions on at bring-up (drivers as host processes on a \
+                 local cluster)"
             }
         }
     }
@@ -246,6 +260,10 @@ pub struct LocalOptions {
     /// [`TESTBED_PARTITIONS`] by default; the Neuron benchmark sets its own
     /// `NEURON_PARTITIONS`, the demo none (the drivers' defaults).
     pub driver_env: Vec<(String, String)>,
+    /// Feature gates and API versions the control plane turns on beyond the
+    /// release's defaults (`local_cluster::versions::opt_in`); empty by
+    /// default.
+    pub enable: Enablement,
 }
 
 impl LocalOptions {
@@ -281,6 +299,7 @@ impl Default for LocalOptions {
             kubelet_sync_frequency: None,
             rescan_interval: None,
             driver_env: vec![testbed_partitions_env()],
+            enable: Enablement::default(),
         }
     }
 }
@@ -337,6 +356,10 @@ pub struct Figures {
     /// The testbed's nodes at the end of the run.
     #[serde(default)]
     pub nodes: Vec<String>,
+    /// What the cluster turned on beyond the release's defaults for the
+    /// scenarios that needed it (`Enablement::describe`), empty when nothing.
+    #[serde(default)]
+    pub enabled: String,
 }
 
 impl Figures {
@@ -356,6 +379,9 @@ impl Figures {
                 self.node_list,
                 self.nodes.join(", ")
             ));
+        }
+        if !self.enabled.is_empty() {
+            out.push(format!("    turned on at bring-up: {}", self.enabled));
         }
         for (name, why) in &self.skipped {
             out.push(format!("    skipped {name}: {why}"));
@@ -504,6 +530,16 @@ pub trait Testbed: Send + Sync {
     /// ([`TestbedOp::StopApiServer`]).
     fn driver_process_id(&self, _node: &str, _kind: DriverKind) -> Option<i32> {
         None
+    }
+    /// Cuts the driver's checkpoint on `node` to half its length, as a full
+    /// disk or a bad edit leaves it ([`TestbedOp::NodeState`]).
+    fn damage_checkpoint(&self, _node: &str, _kind: DriverKind) -> Result<()> {
+        Err(lacks(TestbedOp::NodeState))
+    }
+    /// Kills a pod's container on `node` (`containerd://<id>` as the pod's
+    /// status has it); kubelet restarts it ([`TestbedOp::NodeState`]).
+    async fn kill_container(&self, _node: &str, _container_id: &str) -> Result<()> {
+        Err(lacks(TestbedOp::NodeState))
     }
 }
 

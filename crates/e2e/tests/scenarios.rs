@@ -24,7 +24,12 @@ mod harness;
 
 fn main() -> ExitCode {
     harness::main::<LocalTestbed>(
-        Box::new(|| Box::pin(LocalTestbed::start(LocalOptions::default()))),
+        Box::new(|enable| {
+            Box::pin(LocalTestbed::start(LocalOptions {
+                enable,
+                ..LocalOptions::default()
+            }))
+        }),
         "AWS_DRA_E2E_FIGURES",
     )
 }

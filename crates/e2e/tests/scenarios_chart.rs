@@ -14,7 +14,8 @@ mod harness;
 
 fn main() -> ExitCode {
     harness::main::<ChartTestbed<LocalChartHost>>(
-        Box::new(|| Box::pin(async { ChartTestbed::start_local(&LocalOptions::default()).await })),
+        // No `TestbedOp::EnableFeatureGates` here: nothing to turn on.
+        Box::new(|_| Box::pin(async { ChartTestbed::start_local(&LocalOptions::default()).await })),
         "AWS_DRA_E2E_CHART_FIGURES",
     )
 }

@@ -25,7 +25,8 @@ fn main() -> ExitCode {
     };
     let (kubeconfig, work) = (PathBuf::from(kubeconfig), PathBuf::from(work));
     harness::main::<ChartTestbed<KindHost>>(
-        Box::new(move || {
+        // No `TestbedOp::EnableFeatureGates` on kind: nothing to turn on.
+        Box::new(move |_| {
             let (kubeconfig, work) = (kubeconfig.clone(), work.clone());
             Box::pin(async move {
                 ChartTestbed::start_kind(&kubeconfig, &work, &e2e::kind_host::roles()).await

@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::error::{Error, Result, io};
 use crate::toolchain::default_kubernetes_version;
 use crate::versions::KubernetesVersion;
+use crate::versions::opt_in::Enablement;
 
 /// The address the kubelets serve on; added to `lo` if missing.
 pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
@@ -69,6 +70,10 @@ pub struct ClusterConfig {
     /// is how long such a pod waits: `cargo xtask chaos
     /// --kubelet-sync-frequency` shortens it to fit its cycles into a run.
     pub kubelet_sync_frequency: Option<Duration>,
+    /// Feature gates and API versions turned on beyond the release's
+    /// defaults, for the control plane ([`crate::versions::opt_in`]): empty
+    /// but where a scenario that needs them runs.
+    pub enable: Enablement,
 }
 
 impl ClusterConfig {
@@ -83,6 +88,7 @@ impl ClusterConfig {
             keep_state_dir: false,
             audit_log: false,
             kubelet_sync_frequency: None,
+            enable: Enablement::default(),
         }
     }
 }

@@ -124,7 +124,7 @@ impl LocalCluster {
             // A loopback advertise address is refused by the endpoint reconciler.
             .arg("--endpoint-reconciler-type=none")
             .arg("--profiling=false")
-            .args(release.control_plane_flags(true));
+            .args(config.enable.control_plane_flags(release, true));
         if config.audit_log {
             apiserver.args(audit_flags(&run_dir)?);
         }
@@ -180,7 +180,7 @@ impl LocalCluster {
                 pki_dir.join("kcm-generated").display()
             ))
             .arg("--controllers=*")
-            .args(release.control_plane_flags(false));
+            .args(config.enable.control_plane_flags(release, false));
         self.spawn_control_plane("kube-controller-manager", kcm)?;
 
         // kube-scheduler
@@ -217,7 +217,7 @@ impl LocalCluster {
                 "--cert-dir={}",
                 pki_dir.join("scheduler-generated").display()
             ))
-            .args(release.control_plane_flags(false));
+            .args(config.enable.control_plane_flags(release, false));
         self.spawn_control_plane("kube-scheduler", scheduler)?;
 
         // The controller-manager is up once it created the default ServiceAccount

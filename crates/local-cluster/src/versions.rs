@@ -12,11 +12,15 @@
 //! The gate stages come from `shared/reference/dra-features-by-version.md`
 //! (the Kubernetes feature-gate table). We run every release with its
 //! default gates: that is what users get, and a driver that needs a gate
-//! turned on must say so in its docs, not in our test setup.
+//! turned on must say so in its docs, not in our test setup. The one
+//! exception is [`opt_in`]: features no release has on by default that a
+//! scenario names, turned on at bring-up and printed when it runs.
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+
+pub mod opt_in;
 
 /// A Kubernetes release `vMAJOR.MINOR.PATCH` with an optional pre-release
 /// (`v1.38.0-beta.0`), parsed once and printed exactly as parsed.

@@ -14,9 +14,12 @@
 //! Every scenario is registered once, in the `scenarios!` list below: its
 //! name (also its namespace and its test name), what it proves, the DRA
 //! features it needs (a release without them reports it as skipped, with the
-//! reason, see [`local_cluster::versions`]), the testbed operations it needs beyond
-//! the common ones (`testbed [...]`: a testbed without them reports it as
-//! skipped, see [`TestbedOp`]) and the function that runs it.
+//! reason, see [`local_cluster::versions`]), the features no release has on by
+//! default that the harness turns on at bring-up for it (`gates [...]`, see
+//! [`local_cluster::versions::opt_in`]; a release without their API skips it),
+//! the testbed operations it needs beyond the common ones (`testbed [...]`: a
+//! testbed without them reports it as skipped, see [`TestbedOp`]) and the
+//! function that runs it.
 
 pub mod agreement;
 mod allocate;
@@ -28,6 +31,7 @@ mod charts;
 mod claim_status;
 mod clash;
 mod efa_capacity;
+mod gangs;
 mod health;
 pub mod kit;
 mod lifecycle;
@@ -36,6 +40,7 @@ mod node_policy;
 mod outage;
 mod partitions;
 mod publish;
+mod recovery;
 pub mod registration;
 mod reuse;
 mod shadow;
@@ -47,6 +52,7 @@ mod upgrade;
 use anyhow::{Result, bail};
 
 use crate::testbed::{Testbed, TestbedOp};
+use local_cluster::versions::opt_in::OptInFeature;
 use local_cluster::versions::{DraFeature, Release};
 
 /// One registered scenario.
@@ -60,12 +66,16 @@ pub struct Scenario {
     pub needs: &'static [DraFeature],
     /// Testbed operations it needs beyond the common ones.
     pub testbed_needs: &'static [TestbedOp],
+    /// Features the harness turns on at bring-up for it.
+    pub gates: &'static [OptInFeature],
 }
 
 impl Scenario {
     /// Why it cannot run on `release`, or `None` when it can.
     pub fn skip_reason(&self, release: &Release) -> Option<String> {
-        release.lacks(self.needs)
+        release
+            .lacks(self.needs)
+            .or_else(|| release.lacks_opt_in(self.gates))
     }
 
     /// Why it cannot run on a testbed offering `offers`
@@ -88,7 +98,8 @@ impl Scenario {
 
 /// Declares [`SCENARIOS`] and the dispatcher from one list.
 macro_rules! scenarios {
-    ($( $name:ident [$($need:ident),*] $(testbed [$($op:ident),*])? $about:literal
+    ($( $name:ident [$($need:ident),*] $(gates [$($gate:ident),*])?
+        $(testbed [$($op:ident),*])? $about:literal
         => $($func:ident)::+ ;)*) => {
         /// Every scenario, in the order they run.
         pub const SCENARIOS: &[Scenario] = &[
@@ -97,6 +108,7 @@ macro_rules! scenarios {
                 about: $about,
                 needs: &[$(DraFeature::$need),*],
                 testbed_needs: &[$($(TestbedOp::$op),*)?],
+                gates: &[$($(OptInFeature::$gate),*)?],
             }, )*
         ];
 
@@ -174,6 +186,12 @@ scenarios! {
         => efa_capacity::shared_capacity;
     s32_surge_one_publisher [PartitionableDevices] testbed [UpgradeDriverImage] "helm upgrade of the Neuron chart to partitions=chips and back: old and new pod side by side, one publishes; the pool's generation moves at most twice per upgrade, the pool is never incomplete at a generation it was complete at, no write of the old pod after the new one's first"
         => surge::surge_one_publisher;
+    s33_ultraserver_gangs [] gates [GenericWorkload, TopologyAwareWorkloadScheduling]
+        testbed [EnableFeatureGates]
+        "PodGroups of whole trn2u nodes (16 chips + all EFAs on devicegroup16_id) on 3 shadow UltraServers, one partly used: a gang of 4 on the 4-node id binds to one wholly free UltraServer; with none free, none binds and no claim is allocated, until one frees; the same for pairs on the 2-node id; a gang of 5 never binds"
+        => gangs::ultraserver_gangs;
+    s34_damaged_checkpoint [] testbed [NodeState] "the EFA driver on p5 restarted on a checkpoint cut in half under a running pod: the claim is rebuilt from its CDI spec and attributes file (both left as they were), the corruption counted, and a restart of the pod's container succeeds; unprepare then removes everything"
+        => recovery::damaged_checkpoint;
 }
 
 /// The scenario called `name`.
@@ -298,6 +316,27 @@ mod tests {
         assert_eq!(s28.testbed_skip_reason(&[TestbedOp::StopApiServer]), None);
         let why = s28.testbed_skip_reason(&[]).unwrap();
         assert!(why.contains("stop the API server"), "{why}");
+        // Gangs need the workload gates turned on at bring-up: only where
+        // the testbed can, and only from 1.37 (the first v1beta1 PodGroup).
+        let s33 = find("s33_ultraserver_gangs").unwrap();
+        assert_eq!(
+            s33.testbed_skip_reason(&[TestbedOp::EnableFeatureGates]),
+            None
+        );
+        let why = s33.testbed_skip_reason(&[]).unwrap();
+        assert!(why.contains("feature gates"), "{why}");
+        let r38 = Release::for_minor(38).unwrap();
+        assert!(s33.skip_reason(r37).is_none());
+        assert!(s33.skip_reason(r38).is_none());
+        for minor in [34, 35, 36] {
+            let why = s33.skip_reason(Release::for_minor(minor).unwrap()).unwrap();
+            assert!(why.contains("GenericWorkload"), "{why}");
+        }
+        assert!(
+            SCENARIOS
+                .iter()
+                .all(|s| s.gates.is_empty() || s.name == s33.name)
+        );
         // ... and s32, which upgrades with a layout change.
         let s32 = find("s32_surge_one_publisher").unwrap();
         assert_eq!(
@@ -307,9 +346,14 @@ mod tests {
         assert!(s32.skip_reason(r37).is_none());
         let why = s32.skip_reason(r34).unwrap();
         assert!(why.contains("DRAPartitionableDevices"), "{why}");
+        // ... and s34, which damages a node's checkpoint and kills a container.
+        let s34 = find("s34_damaged_checkpoint").unwrap();
+        assert_eq!(s34.testbed_skip_reason(&[TestbedOp::NodeState]), None);
+        let why = s34.testbed_skip_reason(&[]).unwrap();
+        assert!(why.contains("checkpoint"), "{why}");
         for s in SCENARIOS
             .iter()
-            .filter(|s| ![s24.name, s28.name, s32.name].contains(&s.name))
+            .filter(|s| ![s24.name, s28.name, s32.name, s33.name, s34.name].contains(&s.name))
         {
             assert_eq!(s.testbed_skip_reason(&[]), None, "{}", s.name);
         }
@@ -330,6 +374,7 @@ mod tests {
                 && s.name != s27.name
                 && s.name != s31.name
                 && s.name != s32.name
+                && s.name != s33.name
                 && !migration.contains(&s.name)
         }) {
             assert_eq!(s.skip_reason(r34), None, "{}", s.name);

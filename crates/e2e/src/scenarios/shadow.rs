@@ -78,7 +78,7 @@ pub async fn create(tb: &impl Testbed) -> Result<Shadows> {
         };
         if !owners.contains_key(&real) {
             let shadow = format!("{PREFIX}{real}");
-            let node = create_node(&nodes, &shadow).await?;
+            let node = create_node(&nodes, &shadow, &BTreeMap::new()).await?;
             owners.insert(real.clone(), node);
             shadows.nodes.insert(real.clone(), shadow);
         }
@@ -112,12 +112,72 @@ pub async fn create(tb: &impl Testbed) -> Result<Shadows> {
     Ok(shadows)
 }
 
-/// Creates Node `name` (no kubelet behind it) with room for many pods and a
-/// Ready condition; returns an owner reference to it.
-async fn create_node(nodes: &Api<Node>, name: &str) -> Result<Value> {
+/// Shadow node `name` with `labels` (besides the shadow label and the
+/// hostname), carrying a copy of every slice that driver `driver` publishes
+/// for real node `real`, for each `(real, driver)` of `sources`. Each copy's
+/// pool is named after the shadow node, as our drivers name theirs after
+/// their node, so that many shadows of one real node keep their pools
+/// apart. Returns how many slices it copied.
+pub async fn create_from(
+    tb: &impl Testbed,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    sources: &[(&str, &str)],
+) -> Result<usize> {
+    let all = slices_api(tb)
+        .list(&ListParams::default())
+        .await
+        .context("listing ResourceSlices to copy")?;
+    let nodes: Api<Node> = Api::all(tb.client());
+    let owner = create_node(&nodes, name, labels).await?;
+    let mut copied = 0;
+    for (real, driver) in sources {
+        let of_source = all.items.iter().filter(|s| {
+            !s.labels().contains_key(LABEL)
+                && s.data["spec"]["nodeName"] == *real
+                && s.data["spec"]["driver"] == *driver
+        });
+        for slice in of_source {
+            let mut spec = slice.data["spec"].clone();
+            spec["nodeName"] = json!(name);
+            spec["pool"]["name"] = json!(name);
+            let slice_name = format!(
+                "{name}-{}",
+                slice.metadata.name.as_deref().unwrap_or("slice")
+            );
+            let copy: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {
+                    "name": slice_name,
+                    "labels": { LABEL: "true" },
+                    "ownerReferences": [owner],
+                },
+                "spec": spec,
+            }))?;
+            slices_api(tb)
+                .create(&PostParams::default(), &copy)
+                .await
+                .with_context(|| format!("creating shadow ResourceSlice {slice_name}"))?;
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
+/// Creates Node `name` (no kubelet behind it) with `labels`, room for many
+/// pods and a Ready condition; returns an owner reference to it.
+async fn create_node(
+    nodes: &Api<Node>,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<Value> {
+    let mut all = json!({LABEL: "true", "kubernetes.io/hostname": name});
+    for (k, v) in labels {
+        all[k] = json!(v);
+    }
     let node: Node = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {LABEL: "true", "kubernetes.io/hostname": name}},
+        "metadata": {"name": name, "labels": all},
     }))?;
     let created = nodes
         .create(&PostParams::default(), &node)

@@ -15,9 +15,15 @@ use e2e::scenarios::{self, SCENARIOS};
 use e2e::{Figures, ManagedTestbed};
 use libtest_mimic::{Arguments, Failed, Trial};
 use local_cluster::cluster::selected_kubernetes_version;
+use local_cluster::versions::opt_in::Enablement;
 
+/// Brings the testbed up with what the scenarios to run need turned on
+/// beyond the release's defaults (empty unless a scenario names `gates`;
+/// only a testbed offering `TestbedOp::EnableFeatureGates` runs those).
 type Start<B> = Box<
-    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = e2e::Result<B>>>> + Send + Sync,
+    dyn Fn(Enablement) -> std::pin::Pin<Box<dyn std::future::Future<Output = e2e::Result<B>>>>
+        + Send
+        + Sync,
 >;
 
 /// How long, after bring-up, the kubelets have to register every driver.
@@ -35,6 +41,8 @@ struct Shared<B: ManagedTestbed + 'static> {
     start: Start<B>,
     /// The nodes the testbed starts with (`AWS_DRA_E2E_NODES`).
     node_list: NodeList,
+    /// What bring-up turns on for the scenarios that run.
+    enable: Enablement,
 }
 
 impl<B: ManagedTestbed + 'static> Shared<B> {
@@ -52,7 +60,7 @@ impl<B: ManagedTestbed + 'static> Shared<B> {
             );
             let result = self
                 .runtime
-                .block_on((self.start)())
+                .block_on((self.start)(self.enable.clone()))
                 .map(Arc::new)
                 .map_err(|e| format!("testbed bring-up failed: {e}"));
             if let Ok(tb) = &result {
@@ -135,6 +143,11 @@ fn figures<B: ManagedTestbed + 'static>(shared: &Shared<B>, tb: &B) -> Figures {
     let mut f = Figures {
         bring_up_ms: shared.bring_up_ms.lock().map(|m| *m).unwrap_or(0),
         node_list: shared.node_list.name().to_string(),
+        enabled: if shared.enable.is_empty() {
+            String::new()
+        } else {
+            shared.enable.describe()
+        },
         nodes: tb.nodes().into_iter().map(|n| n.name).collect(),
         ..Default::default()
     };
@@ -200,6 +213,56 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
     let mut args = Arguments::from_args();
     // One cluster, scenarios in order.
     args.test_threads = Some(1);
+    // Scenarios the release or the testbed cannot run are reported as
+    // ignored, with the reason here and in the figures, never left out
+    // silently.
+    let version = selected_kubernetes_version();
+    let release = match version.release() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("aws-dra-e2e: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut skipped: Vec<(String, String)> = Vec::new();
+    let mut skips = Vec::new();
+    let mut gated: Vec<&str> = Vec::new();
+    let mut gates = Vec::new();
+    for scenario in SCENARIOS {
+        let name = scenario.name;
+        let skip = match scenario.skip_reason(release) {
+            Some(why) => Some((format!("on Kubernetes {version}"), why)),
+            None => scenario
+                .testbed_skip_reason(B::offers())
+                .map(|why| ("on this testbed".to_string(), why)),
+        };
+        if selected(&args, name) {
+            match &skip {
+                Some((on, why)) => {
+                    eprintln!("aws-dra-e2e: skipping {name} {on}: {why}");
+                    skipped.push((name.to_string(), why.clone()));
+                }
+                None if !scenario.gates.is_empty() => {
+                    gated.push(name);
+                    gates.extend_from_slice(scenario.gates);
+                }
+                None => {}
+            }
+        }
+        skips.push(skip.is_some());
+    }
+    // Features no release has on by default, for the scenarios that name
+    // them: turned on for the whole cluster at bring-up (every scenario of
+    // this run shares it), and said so.
+    let enable = release.enablement(&gates);
+    if !enable.is_empty() {
+        eprintln!(
+            "aws-dra-e2e: turning on at bring-up, for {}: {} ({})",
+            gated.join(", "),
+            enable.describe(),
+            enable.reasons.join("; ")
+        );
+    }
     let shared = Arc::new(Shared {
         runtime: match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -217,36 +280,14 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
         bring_up_ms: Mutex::new(0),
         start,
         node_list,
+        enable,
     });
-    // Scenarios the release or the testbed cannot run are reported as
-    // ignored, with the reason here and in the figures, never left out
-    // silently.
-    let version = selected_kubernetes_version();
-    let release = match version.release() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("aws-dra-e2e: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let mut skipped: Vec<(String, String)> = Vec::new();
     let trials: Vec<Trial> = SCENARIOS
         .iter()
-        .map(|scenario| {
+        .zip(skips)
+        .map(|(scenario, skip)| {
             let shared = shared.clone();
             let name = scenario.name;
-            let skip = match scenario.skip_reason(release) {
-                Some(why) => Some((format!("on Kubernetes {version}"), why)),
-                None => scenario
-                    .testbed_skip_reason(B::offers())
-                    .map(|why| ("on this testbed".to_string(), why)),
-            };
-            if let Some((on, why)) = &skip
-                && selected(&args, name)
-            {
-                eprintln!("aws-dra-e2e: skipping {name} {on}: {why}");
-                skipped.push((name.to_string(), why.clone()));
-            }
             Trial::test(name, move || {
                 let tb = shared.testbed()?;
                 let started = Instant::now();
@@ -257,7 +298,7 @@ pub fn main<B: ManagedTestbed + 'static>(start: Start<B>, figures_env: &str) -> 
                 );
                 result.map_err(|e| Failed::from(format!("{e:#}")))
             })
-            .with_ignored_flag(skip.is_some())
+            .with_ignored_flag(skip)
         })
         .collect();
     let conclusion = libtest_mimic::run(&args, trials);
