@@ -1,7 +1,9 @@
-//! `cargo xtask bench scheduler [--nodes 100,500,1000] [--shapes ...]`:
+//! `cargo xtask bench scheduler [--nodes 100,500,1000] [--shapes ...] [--gang]`:
 //! what our slices cost the real kube-scheduler, on shadow nodes of a local
-//! control plane (`long_runs::bench::scheduler`). Writes
-//! `<work-dir>/bench-scheduler-<version>.json` and the scheduler's CPU
+//! control plane (`long_runs::bench::scheduler`); `--gang`: a PodGroup of
+//! whole-node pods against the same pods one by one. Writes
+//! `<work-dir>/bench-scheduler-<version>.json` (`bench-scheduler-gang-...`
+//! with `--gang`) and the scheduler's CPU
 //! profiles next to it. Starts local clusters: run it under
 //! `flock /tmp/aws-dra-e2e.lock` on a shared machine.
 
@@ -37,6 +39,18 @@ pub struct SchedulerArgs {
     /// Use the driver binaries already built (no cargo build).
     #[arg(long)]
     no_build: bool,
+    /// Instead of one pod per node per claim: a PodGroup (gang, minCount
+    /// `--gang-pods`) of pods each holding a whole node's devices, against
+    /// the same pods without the PodGroup, `--gang-reps` times each. Turns
+    /// on GenericWorkload and scheduling.k8s.io/v1beta1 (1.37 or later).
+    #[arg(long)]
+    gang: bool,
+    /// Pods of the gang, and of the independent set.
+    #[arg(long, default_value_t = 16)]
+    gang_pods: usize,
+    /// Repetitions of the gang and of the independent set.
+    #[arg(long, default_value_t = 3)]
+    gang_reps: usize,
 }
 
 fn cargo_build(root: &std::path::Path, args: &[&str]) -> Result<()> {
@@ -66,6 +80,20 @@ pub fn run(args: SchedulerArgs) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     if args.nodes.is_empty() || args.nodes.contains(&0) {
         bail!("--nodes needs sizes of at least 1");
+    }
+    let gang = args
+        .gang
+        .then_some(long_runs::bench::scheduler::gang::GangOptions {
+            pods: args.gang_pods,
+            repetitions: args.gang_reps,
+        });
+    if let Some(g) = gang {
+        if g.pods == 0 || g.repetitions == 0 {
+            bail!("--gang-pods and --gang-reps need at least 1");
+        }
+        if let Some(&n) = args.nodes.iter().find(|&&n| n < g.pods) {
+            bail!("--gang: {} whole-node pods do not fit {n} nodes", g.pods);
+        }
     }
     let root = crate::paths::repo_root();
     let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
@@ -126,6 +154,7 @@ pub fn run(args: SchedulerArgs) -> Result<()> {
         profile_secs: args.profile_secs,
         go,
         phase_timeout: Duration::from_secs(args.phase_timeout_secs),
+        gang,
     };
     eprintln!(
         "==> bench scheduler: Kubernetes {version}, sizes {:?}, shapes {:?}",
@@ -137,7 +166,8 @@ pub fn run(args: SchedulerArgs) -> Result<()> {
     for line in report.table() {
         println!("{line}");
     }
-    let path = work.join(format!("bench-scheduler-{version}.json"));
+    let suffix = if args.gang { "-gang" } else { "" };
+    let path = work.join(format!("bench-scheduler{suffix}-{version}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)
         .with_context(|| format!("writing {}", path.display()))?;
     eprintln!(

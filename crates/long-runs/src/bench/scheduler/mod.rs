@@ -29,6 +29,10 @@
 //! The SLI histogram's buckets double (…, 2.56, 5.12, 10.24 s) and the
 //! Filter phase's stop at 204.8 ms, so their quantiles are coarse.
 //!
+//! With `--gang` ([`gang`]), each shape runs a PodGroup of whole-node pods
+//! against the same pods scheduled one by one instead of the claim phases,
+//! on a control plane with `GenericWorkload` on.
+//!
 //! Limits: nodes without kubelets are marked unreachable by the node
 //! lifecycle controller after its grace period; the pods tolerate that
 //! taint, as they tolerate every taint. AWS's shape is our chips-only
@@ -36,6 +40,7 @@
 //! EFAs only (DRANET also publishes the node's other NICs).
 
 pub mod claims;
+pub mod gang;
 pub mod metrics;
 pub mod phase;
 mod report;
@@ -57,8 +62,9 @@ use local_cluster::cluster::LocalCluster;
 use local_cluster::cluster_config::ClusterConfig;
 use local_cluster::error::{Error, Result};
 use local_cluster::versions::KubernetesVersion;
+use local_cluster::versions::opt_in::OptInFeature;
 use metrics::{SchedulerPort, etcd_metrics, total};
-pub use report::{Latency, Phase, Profile, SchedulerReport, ShapeRun};
+pub use report::{GangRun, GangTimes, Latency, Phase, Profile, SchedulerReport, ShapeRun};
 use shapes::{ChartClasses, DriverBinaries, LABEL, NodeTemplate, Shape};
 
 const NAMESPACE: &str = "bench-scheduler";
@@ -82,6 +88,9 @@ pub struct SchedulerBenchOptions {
     pub go: PathBuf,
     /// How long a phase's pods may take to bind, and its claims to go.
     pub phase_timeout: Duration,
+    /// Instead of the claim phases: a gang of whole-node pods against the
+    /// same pods one by one ([`gang`]).
+    pub gang: Option<gang::GangOptions>,
 }
 
 /// Runs every shape at every size.
@@ -110,9 +119,18 @@ pub async fn run(options: &SchedulerBenchOptions) -> Result<SchedulerReport> {
     for &n in &options.nodes {
         for t in &templates {
             eprintln!("scheduler: {} at {n} nodes", t.shape.name());
-            let profile = (n == largest && t.shape.profiled()).then_some(options.profile_secs);
+            let profile = (n == largest && t.shape.profiled() && options.gang.is_none())
+                .then_some(options.profile_secs);
             let mut config = ClusterConfig::with_nodes(&[]);
             config.kubernetes_version = options.kubernetes_version.clone();
+            if options.gang.is_some() {
+                let release = options.kubernetes_version.release()?;
+                if let Some(why) = release.lacks_opt_in(&[OptInFeature::GenericWorkload]) {
+                    return Err(Error::Testbed(format!("--gang {why}")));
+                }
+                config.enable = release.enablement(&[OptInFeature::GenericWorkload]);
+                eprintln!("scheduler: turning on {}", config.enable.describe());
+            }
             let cluster = LocalCluster::start(config).await?;
             let result = run_shape(&cluster, options, t, n, profile).await;
             let teardown = cluster.shutdown();
@@ -234,6 +252,7 @@ async fn run_shape(
         scheduler_rss_kib_after_slices: rss(scheduler_pid).0,
         scheduler_peak_rss_kib: 0,
         phases: Vec::new(),
+        gang: None,
         notes,
         run_dir: cluster.run_dir().display().to_string(),
     };
@@ -253,7 +272,33 @@ async fn run_shape(
         apiserver_pid: apiserver,
         timeout: options.phase_timeout,
     };
-    for kind in template.shape.claims() {
+    if let Some(g) = options.gang {
+        let run_gang = gang::run(&subjects, template.shape, g).await?;
+        for (what, times) in [
+            ("gang", &run_gang.gang),
+            ("independent", &run_gang.independent),
+        ] {
+            if !times.all_bound {
+                run.notes.push(format!(
+                    "{what}: not every pod bound within {} s ({:?} of {})",
+                    options.phase_timeout.as_secs(),
+                    times.bound,
+                    run_gang.pods
+                ));
+            }
+        }
+        if !run_gang.scheduling_group_kept {
+            run.notes
+                .push("the API server dropped the pods' schedulingGroup: not a gang".into());
+        }
+        run.gang = Some(run_gang);
+    }
+    let kinds = if options.gang.is_some() {
+        Vec::new()
+    } else {
+        template.shape.claims()
+    };
+    for kind in kinds {
         let p = phase::run(&subjects, kind, n).await?;
         eprintln!(
             "scheduler: {} {n} nodes {}: {}/{} bound in {:.2} s ({:.1} pods/s), sli p50 {:?} ms p99 {:?} ms, {} unschedulable attempts",

@@ -92,7 +92,7 @@ impl Scrape {
 }
 
 /// Watches the namespace's pods and stamps each pod's first bind.
-struct BindWatch {
+pub(super) struct BindWatch {
     binds: mpsc::UnboundedReceiver<(String, Instant)>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -105,7 +105,7 @@ impl Drop for BindWatch {
 
 impl BindWatch {
     /// Returns once the watch's initial list is in.
-    async fn start(client: &kube::Client, namespace: &str) -> Result<BindWatch> {
+    pub(super) async fn start(client: &kube::Client, namespace: &str) -> Result<BindWatch> {
         let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
         let (tx, binds) = mpsc::unbounded_channel();
         let (ready_tx, ready) = oneshot::channel();
@@ -144,7 +144,11 @@ impl BindWatch {
     }
 
     /// The first bind of each of `names`, until all are bound or `deadline`.
-    async fn wait(&mut self, names: &[String], deadline: Instant) -> BTreeMap<String, Instant> {
+    pub(super) async fn wait(
+        &mut self,
+        names: &[String],
+        deadline: Instant,
+    ) -> BTreeMap<String, Instant> {
         let mut bound = BTreeMap::new();
         while bound.len() < names.len() {
             let left = deadline.saturating_duration_since(Instant::now());

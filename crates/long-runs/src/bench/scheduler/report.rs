@@ -87,10 +87,59 @@ pub struct ShapeRun {
     pub scheduler_rss_kib_after_slices: u64,
     pub scheduler_peak_rss_kib: u64,
     pub phases: Vec<Phase>,
+    /// `--gang`: the PodGroup against independent pods (no claim phases then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gang: Option<GangRun>,
     /// Warnings about the run (a phase that did not bind every pod, counters
     /// the API server dropped).
     pub notes: Vec<String>,
     pub run_dir: String,
+}
+
+/// `--gang` ([`super::gang`]): one way of scheduling the pods, over the
+/// repetitions.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+pub struct GangTimes {
+    /// First create → last pod bound, seconds, per repetition (to the last
+    /// pod that bound, when not all did).
+    pub bind_s: Vec<f64>,
+    /// Pods bound within the phase's time limit, per repetition.
+    pub bound: Vec<usize>,
+    pub median_bind_s: Option<f64>,
+    /// Every pod bound in every repetition.
+    pub all_bound: bool,
+}
+
+/// The gang against independent pods on one shape and fleet size.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct GangRun {
+    /// The whole-node claim each pod holds.
+    pub claim: String,
+    pub pods: usize,
+    pub repetitions: usize,
+    /// The API server kept every gang pod's `spec.schedulingGroup`.
+    pub scheduling_group_kept: bool,
+    pub gang: GangTimes,
+    pub independent: GangTimes,
+}
+
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[n / 2]),
+        n => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+impl GangTimes {
+    pub(super) fn push(&mut self, bind_s: f64, bound: usize, pods: usize) {
+        self.all_bound = (self.bind_s.is_empty() || self.all_bound) && bound == pods;
+        self.bind_s.push(bind_s);
+        self.bound.push(bound);
+        self.median_bind_s = median(&self.bind_s);
+    }
 }
 
 /// The scheduler's CPU profile during one shape's phases.
@@ -200,7 +249,12 @@ impl SchedulerReport {
                 ));
             }
         }
+        if self.runs.iter().all(|r| r.phases.is_empty()) {
+            // `--gang`: no claim phases, so no header for them.
+            out.pop();
+        }
         out.extend(self.comparison());
+        out.extend(self.gang_lines());
         for r in &self.runs {
             for n in &r.notes {
                 out.push(format!("note: {} at {} nodes: {n}", r.shape, r.nodes));
@@ -262,6 +316,42 @@ impl SchedulerReport {
         }
         out
     }
+}
+
+impl SchedulerReport {
+    /// `--gang`: per shape and size, the gang's and the independent pods'
+    /// times to bind, every repetition and the median.
+    pub fn gang_lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in &self.runs {
+            let Some(g) = &r.gang else { continue };
+            for (what, t) in [("gang", &g.gang), ("independent", &g.independent)] {
+                let each: Vec<String> = (t.bind_s.iter().zip(&t.bound))
+                    .map(|(s, b)| format!("{s:.2} s ({b}/{})", g.pods))
+                    .collect();
+                out.push(format!(
+                    "{} at {} nodes, {} pods of {}, {what}: median {} s, all bound: {}; {}{}",
+                    r.shape,
+                    r.nodes,
+                    g.pods,
+                    g.claim,
+                    opt2(t.median_bind_s),
+                    t.all_bound,
+                    each.join(", "),
+                    if what == "gang" && !g.scheduling_group_kept {
+                        "; schedulingGroup DROPPED by the API server"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn opt2(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.2}"))
 }
 
 fn ratio(a: f64, b: f64) -> String {

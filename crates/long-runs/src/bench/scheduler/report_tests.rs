@@ -46,6 +46,7 @@ fn run(shape: &str, phases: Vec<Phase>) -> ShapeRun {
         scheduler_rss_kib_after_slices: 1024,
         scheduler_peak_rss_kib: 1024,
         phases,
+        gang: None,
         notes: vec![],
         run_dir: String::new(),
     }
@@ -100,4 +101,41 @@ fn a_missing_baseline_gives_no_comparison() {
         profiles: vec![],
     };
     assert!(report.comparison().is_empty());
+}
+
+#[test]
+fn a_gang_run_prints_both_ways_and_no_empty_phase_header() {
+    let mut r = run("p5", vec![]);
+    let times = |s: &[f64], bound: usize| GangTimes {
+        bind_s: s.to_vec(),
+        bound: vec![bound; s.len()],
+        median_bind_s: Some(s[s.len() / 2]),
+        all_bound: bound == 16,
+    };
+    r.gang = Some(GangRun {
+        claim: "8gpu-32efa-by-pcieroot".into(),
+        pods: 16,
+        repetitions: 1,
+        scheduling_group_kept: true,
+        gang: times(&[5.0], 16),
+        independent: times(&[2.0], 15),
+    });
+    let report = SchedulerReport {
+        kubernetes_version: "v1.37.2".into(),
+        finished_unix: 0.0,
+        runs: vec![r],
+        profiles: vec![],
+    };
+    let table = report.table();
+    assert!(!table.iter().any(|l| l.contains("sli p50/p99")));
+    assert!(
+        table
+            .iter()
+            .any(|l| l.contains("gang: median 5.00 s, all bound: true"))
+    );
+    assert!(
+        table
+            .iter()
+            .any(|l| l.contains("independent: median 2.00 s, all bound: false; 2.00 s (15/16)"))
+    );
 }
