@@ -1,6 +1,7 @@
 //! `cargo xtask <task>`: the project's automation, in Rust so that it runs
 //! wherever cargo does.
 
+mod autoscale;
 mod base_images;
 mod bench;
 mod bench_scheduler;
@@ -69,6 +70,8 @@ enum Task {
     Fuzz(fuzz::FuzzArgs),
     /// Faults on the local cluster: SIGKILL cycles, kubelet restart, reboot, outages.
     Chaos(chaos::ChaosArgs),
+    /// Node autoscalers on claims: `karpenter` provisions a node for a pod's claim.
+    Autoscale(autoscale::AutoscaleArgs),
     /// The krew plugin manifest of kubectl dra, from the release archives (sha256, URIs).
     KrewManifest(krew::KrewArgs),
     /// Licence, ban and source checks of the dependency graph (policy: supply-chain.yaml).
@@ -99,5 +102,6 @@ fn main() -> anyhow::Result<()> {
         Task::KrewManifest(args) => krew::run(args),
         Task::Bench(args) => bench::run(args),
         Task::Chaos(args) => chaos::run(args),
+        Task::Autoscale(args) => autoscale::run(args),
     }
 }

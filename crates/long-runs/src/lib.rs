@@ -7,7 +7,10 @@
 //! - [`bench`](mod@bench): `cargo xtask bench`, our drivers against a Go reference
 //!   (single pods, bursts, idle cost, a fleet of publishers);
 //! - [`chaos`]: `cargo xtask chaos`, the drivers killed, restarted and
-//!   starved of disk while pods come and go, with the end checks.
+//!   starved of disk while pods come and go, with the end checks;
+//! - [`autoscale`]: `cargo xtask autoscale karpenter`, Karpenter
+//!   provisioning a node for a pod's claim from our templates.
 
+pub mod autoscale;
 pub mod bench;
 pub mod chaos;
