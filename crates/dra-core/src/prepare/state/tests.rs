@@ -124,12 +124,33 @@ fn pipeline_with_metrics(
     release_wait: Duration,
     registry: &prometheus::Registry,
 ) -> Arc<ClaimPipeline<ExclusiveDriver>> {
+    let claims = Arc::new(claims.clone());
+    Arc::new(pipeline_from(
+        dir,
+        driver,
+        claims,
+        release_wait,
+        registry,
+        Default::default(),
+    ))
+}
+
+/// The pipeline of `driver` on `dir` (boot `boot-1`, CDI specs in
+/// `dir/cdi`), reading claims from `claims`, handing status to `status`.
+fn pipeline_from(
+    dir: &Path,
+    driver: &ExclusiveDriver,
+    claims: Arc<dyn crate::prepare::claims::ClaimSource>,
+    release_wait: Duration,
+    registry: &prometheus::Registry,
+    status: ClaimStatus<NoConfig>,
+) -> ClaimPipeline<ExclusiveDriver> {
     let boot_id = dir.join("boot_id");
     std::fs::write(&boot_id, "boot-1\n").unwrap();
     let metrics = PluginMetrics::register(registry).unwrap();
-    Arc::new(ClaimPipeline::new(
+    ClaimPipeline::new(
         Arc::new(driver.clone()),
-        Arc::new(claims.clone()),
+        claims,
         PipelineConfig {
             driver_name: DRIVER,
             pool: None,
@@ -141,8 +162,8 @@ fn pipeline_with_metrics(
             release_wait,
         },
         metrics,
-        Default::default(),
-    ))
+        status,
+    )
 }
 
 /// Claim `name` (UID `uid-<name>`) allocated `device` of pool `node`.

@@ -30,23 +30,16 @@ async fn restarted(
     driver: &ExclusiveDriver,
     claims: Arc<dyn ClaimSource>,
 ) -> Arc<ClaimPipeline<ExclusiveDriver>> {
-    let metrics = PluginMetrics::register(&prometheus::Registry::new()).unwrap();
-    let p = Arc::new(ClaimPipeline::new(
-        Arc::new(driver.clone()),
+    let registry = prometheus::Registry::new();
+    let p = pipeline_from(
+        dir,
+        driver,
         claims,
-        PipelineConfig {
-            driver_name: DRIVER,
-            pool: None,
-            data_dir: dir,
-            cdi_root: &dir.join("cdi"),
-            cdi_class: "dev",
-            boot_id_path: dir.join("boot_id"),
-            device_attributes: &AttributeFiles::default(),
-            release_wait: Duration::ZERO,
-        },
-        metrics,
+        Duration::ZERO,
+        &registry,
         Default::default(),
-    ));
+    );
+    let p = Arc::new(p);
     let stopped = CancellationToken::new();
     stopped.cancel();
     p.clone().run_in_background(stopped).await;

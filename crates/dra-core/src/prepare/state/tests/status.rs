@@ -3,30 +3,21 @@
 //! resolved (the task resolves nothing); nothing for a refused claim.
 
 use super::*;
-use crate::prepare::status::{ClaimStatus, Event};
+use crate::prepare::status::Event;
 
 #[tokio::test]
 async fn each_prepared_claim_goes_to_the_status_task_with_its_resolved_devices() {
     let dir = tempfile::tempdir().unwrap();
-    let boot_id = dir.path().join("boot_id");
-    std::fs::write(&boot_id, "boot-1\n").unwrap();
     let (driver, claims) = (ExclusiveDriver::default(), InMemoryClaimSource::new());
     let (status, mut events) = ClaimStatus::channel();
-    let metrics = PluginMetrics::register(&prometheus::Registry::new()).unwrap();
-    let p = ClaimPipeline::new(
-        Arc::new(driver.clone()),
-        Arc::new(claims.clone()),
-        PipelineConfig {
-            driver_name: DRIVER,
-            pool: None,
-            data_dir: dir.path(),
-            cdi_root: &dir.path().join("cdi"),
-            cdi_class: "dev",
-            boot_id_path: boot_id,
-            device_attributes: &AttributeFiles::default(),
-            release_wait: Duration::ZERO,
-        },
-        metrics,
+    let registry = prometheus::Registry::new();
+    let source = Arc::new(claims.clone());
+    let p = pipeline_from(
+        dir.path(),
+        &driver,
+        source,
+        Duration::ZERO,
+        &registry,
         status,
     );
     let a = add(&claims, "a", "dev-1");
