@@ -153,6 +153,13 @@ pub fn pod_with_claim(
     pod
 }
 
+/// The pod's first container: its id (`containerd://<id>`) and how often
+/// kubelet restarted it; `None` before it has started.
+pub fn first_container(p: &Pod) -> Option<(String, i32)> {
+    let s = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
+    Some((s.container_id.clone()?, s.restart_count))
+}
+
 pub async fn get_pod(tb: &impl Testbed, ns: &str, name: &str) -> Result<Option<Pod>> {
     let pods: Api<Pod> = Api::namespaced(tb.client(), ns);
     Ok(pods.get_opt(name).await?)

@@ -206,11 +206,6 @@ pub async fn delete_unprepares(tb: &impl Testbed, ns: &str) -> Result<()> {
 /// How long pods that failed to prepare while the driver was down may take.
 const AFTER_RESTART: Duration = Duration::from_secs(240);
 
-fn container_id(p: &k8s_openapi::api::core::v1::Pod) -> Option<(String, i32)> {
-    let s = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
-    Some((s.container_id.clone()?, s.restart_count))
-}
-
 /// Scenario 10: SIGKILL the EFA driver on p5 while pods come and go.
 pub async fn driver_crash(tb: &impl Testbed, ns: &str) -> Result<()> {
     let objs = kit::example(tb, &examples_dir().join("efa/single-efa.yaml"), Some("p5"))?;
@@ -224,7 +219,7 @@ pub async fn driver_crash(tb: &impl Testbed, ns: &str) -> Result<()> {
     let steady = kit::running(tb, ns, "steady", RUNNING).await?;
     kit::running(tb, ns, "leaving", RUNNING).await?;
     let steady_id =
-        container_id(&steady).ok_or_else(|| anyhow!("steady has no container status"))?;
+        kit::first_container(&steady).ok_or_else(|| anyhow!("steady has no container status"))?;
     let leaving_claim = uid(&kit::pod_claims(tb, ns, "leaving")
         .await?
         .pop()
@@ -307,10 +302,10 @@ pub async fn driver_crash(tb: &impl Testbed, ns: &str) -> Result<()> {
     wait_unprepared(tb, "p5", DriverKind::Efa, &leaving_claim).await?;
     let steady_now = kit::running(tb, ns, "steady", Duration::from_secs(5)).await?;
     ensure!(
-        container_id(&steady_now) == Some(steady_id.clone()),
+        kit::first_container(&steady_now) == Some(steady_id.clone()),
         "steady's container changed: {:?} → {:?}",
         steady_id,
-        container_id(&steady_now)
+        kit::first_container(&steady_now)
     );
 
     // No device is handed to two claims: not by the scheduler, not in the

@@ -16,12 +16,6 @@ use crate::testbed::{DriverKind, NodeDir, Testbed};
 
 const NODE: &str = "p5";
 
-/// The pod's first container: its id and restart count.
-fn container(p: &k8s_openapi::api::core::v1::Pod) -> Option<(String, i32)> {
-    let s = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
-    Some((s.container_id.clone()?, s.restart_count))
-}
-
 /// The claim's files on the node: CDI specs and attributes files named for it.
 fn claim_files(tb: &impl Testbed, claim_uid: &str) -> Result<(Vec<String>, Vec<String>)> {
     let of = |files: Vec<String>| -> Vec<String> {
@@ -48,7 +42,8 @@ pub async fn damaged_checkpoint(tb: &impl Testbed, ns: &str) -> Result<()> {
     pod["spec"]["restartPolicy"] = "Always".into();
     kit::apply_all(tb, ns, &[pod]).await?;
     let running = kit::running(tb, ns, "steady", RUNNING).await?;
-    let (first_id, restarts) = container(&running).ok_or_else(|| anyhow!("no container status"))?;
+    let (first_id, restarts) =
+        kit::first_container(&running).ok_or_else(|| anyhow!("no container status"))?;
     let claim = kit::pod_claims(tb, ns, "steady")
         .await?
         .pop()
@@ -115,7 +110,7 @@ pub async fn damaged_checkpoint(tb: &impl Testbed, ns: &str) -> Result<()> {
             .and_then(|s| s.container_statuses.as_ref())
             .and_then(|c| c.first())
             .is_some_and(|c| c.ready);
-        Ok(container(&p).filter(|(id, n)| ready && *id != first_id && *n > restarts))
+        Ok(kit::first_container(&p).filter(|(id, n)| ready && *id != first_id && *n > restarts))
     })
     .await?;
     eprintln!(

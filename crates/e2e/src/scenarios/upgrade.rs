@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::ListParams;
 use serde_json::{Value, json};
@@ -87,11 +87,6 @@ struct Held {
     container: (String, i32),
 }
 
-fn container_of(p: &Pod) -> Option<(String, i32)> {
-    let s = p.status.as_ref()?.container_statuses.as_ref()?.first()?;
-    Some((s.container_id.clone()?, s.restart_count))
-}
-
 /// Every held pod is still Running in the same container, never restarted.
 async fn check_held(tb: &impl Testbed, ns: &str, held: &BTreeMap<&str, Held>) -> Result<()> {
     for (name, h) in held {
@@ -104,7 +99,7 @@ async fn check_held(tb: &impl Testbed, ns: &str, held: &BTreeMap<&str, Held>) ->
             .and_then(|s| s.phase.clone())
             .unwrap_or_default();
         ensure!(phase == "Running", "pod {name} is {phase}, not Running");
-        let now = container_of(&p);
+        let now = kit::first_container(&p);
         ensure!(
             now.as_ref() == Some(&h.container),
             "pod {name}: container (id, restarts) was {:?}, is now {now:?}",
@@ -215,7 +210,8 @@ pub async fn upgrade_while_held(tb: &impl Testbed, ns: &str) -> Result<()> {
     let mut held = BTreeMap::new();
     for (name, node, kind) in HELD {
         let p = kit::running(tb, ns, name, RUNNING).await?;
-        let container = container_of(&p).ok_or_else(|| anyhow!("{name} has no container"))?;
+        let container =
+            kit::first_container(&p).ok_or_else(|| anyhow!("{name} has no container"))?;
         ensure!(container.1 == 0, "{name} restarted before the upgrade");
         let claim = kit::pod_claims(tb, ns, name)
             .await?
