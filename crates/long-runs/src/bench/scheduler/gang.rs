@@ -17,14 +17,11 @@
 //! field with the gate off) is read back and reported, so a run where the
 //! pods were not a gang cannot pass for one.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
-};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 
 use super::claims::{ClaimKind, EFA_DRIVER, GPU_DRIVER, pod};
@@ -247,64 +244,8 @@ async fn once(
             kept &= p.data["spec"]["schedulingGroup"]["podGroupName"] == group;
         }
     }
-    clean_up(s, &pods_api, &claims, &groups).await?;
+    super::phase::clean_up(s, Some(&groups)).await?;
     Ok((bind_s, bound.len(), kept))
-}
-
-/// Deletes every pod (no grace), claim and PodGroup of the namespace and
-/// waits until all are gone (claims deallocated, PodGroups' protection
-/// finalizer removed).
-async fn clean_up(
-    s: &Subjects<'_>,
-    pods: &Api<DynamicObject>,
-    claims: &Api<DynamicObject>,
-    groups: &Api<DynamicObject>,
-) -> Result<()> {
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..DeleteParams::default()
-    };
-    let all = ListParams::default();
-    pods.delete_collection(&now, &all)
-        .await
-        .map_err(kube_err("deleting the gang phase's pods".into()))?;
-    claims
-        .delete_collection(&DeleteParams::default(), &all)
-        .await
-        .map_err(kube_err("deleting the gang phase's claims".into()))?;
-    groups
-        .delete_collection(&DeleteParams::default(), &all)
-        .await
-        .map_err(kube_err("deleting the PodGroups".into()))?;
-    let typed: Api<ResourceClaim> = Api::namespaced(s.client.clone(), s.namespace);
-    let deadline = Instant::now() + s.timeout;
-    loop {
-        let mut left = typed
-            .list_metadata(&all)
-            .await
-            .map_err(kube_err("listing claims".into()))?
-            .items
-            .len();
-        for api in [pods, groups] {
-            left += api
-                .list_metadata(&all)
-                .await
-                .map_err(kube_err("listing pods and PodGroups".into()))?
-                .items
-                .len();
-        }
-        if left == 0 {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Testbed(format!(
-                "{left} pods, claims and PodGroups of {} still there after {} s",
-                s.namespace,
-                s.timeout.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 #[cfg(test)]

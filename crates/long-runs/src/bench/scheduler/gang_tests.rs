@@ -1,4 +1,5 @@
 use super::*;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 
 #[test]
 fn the_p5_node_is_8_gpus_each_with_the_4_efas_of_its_pcie_root() {

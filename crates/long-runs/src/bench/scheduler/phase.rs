@@ -12,7 +12,7 @@ use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::{mpsc, oneshot};
 
@@ -234,46 +234,65 @@ pub async fn run(s: &Subjects<'_>, kind: ClaimKind, pods: usize) -> Result<Phase
         apiserver_rss_kib: rss(s.apiserver_pid),
         scheduler_rss_kib: rss(s.scheduler_pid),
     };
-    clean_up(s, &pods_api, &claims).await?;
+    clean_up(s, None).await?;
     Ok(phase)
 }
 
 /// Removes every pod (no grace: no kubelet would confirm) and claim of the
-/// namespace, and waits until the claims are gone: the claim controller
-/// deallocates a claim before its finalizer goes, so that is when the
-/// scheduler sees the devices free again.
-async fn clean_up(s: &Subjects<'_>, pods: &Api<Pod>, claims: &Api<ResourceClaim>) -> Result<()> {
+/// namespace, and every object of `also` (the gang phase's PodGroups), and
+/// waits until all are gone: the claim controller deallocates a claim
+/// before its finalizer goes, so that is when the scheduler sees the
+/// devices free again (and a PodGroup goes once its protection finalizer
+/// is removed).
+pub(super) async fn clean_up(s: &Subjects<'_>, also: Option<&Api<DynamicObject>>) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), s.namespace);
+    let claims: Api<ResourceClaim> = Api::namespaced(s.client.clone(), s.namespace);
     let now = DeleteParams {
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
     };
-    pods.delete_collection(&now, &ListParams::default())
+    let all = ListParams::default();
+    pods.delete_collection(&now, &all)
         .await
         .map_err(kube_err("deleting the phase's pods".into()))?;
     claims
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .delete_collection(&DeleteParams::default(), &all)
         .await
         .map_err(kube_err("deleting the phase's claims".into()))?;
+    if let Some(also) = also {
+        also.delete_collection(&DeleteParams::default(), &all)
+            .await
+            .map_err(kube_err("deleting the phase's PodGroups".into()))?;
+    }
     let deadline = Instant::now() + s.timeout;
     loop {
-        let left = claims
-            .list_metadata(&ListParams::default())
+        let listing = |what: &'static str| kube_err(format!("listing the phase's {what}"));
+        let mut left = claims
+            .list_metadata(&all)
             .await
-            .map_err(kube_err("listing the phase's claims".into()))?
+            .map_err(listing("claims"))?
             .items
             .len()
             + pods
-                .list_metadata(&ListParams::default())
+                .list_metadata(&all)
                 .await
-                .map_err(kube_err("listing the phase's pods".into()))?
+                .map_err(listing("pods"))?
                 .items
                 .len();
+        if let Some(also) = also {
+            left += also
+                .list_metadata(&all)
+                .await
+                .map_err(listing("PodGroups"))?
+                .items
+                .len();
+        }
         if left == 0 {
             return Ok(());
         }
         if Instant::now() > deadline {
             return Err(Error::Testbed(format!(
-                "{left} pods and claims of {} still there after {} s",
+                "{left} pods, claims and PodGroups of {} still there after {} s",
                 s.namespace,
                 s.timeout.as_secs()
             )));
