@@ -15,8 +15,12 @@
 //! A scan runs on a blocking thread (sysfs reads and ioctls block). The
 //! device list goes to the publisher only when it differs from the last one
 //! sent, so steady state writes nothing. Health goes to kubelet's health
-//! stream after every scan, with a fresh timestamp: kubelet turns a device
-//! Unknown when it hears nothing of it for its health-check timeout. A scan
+//! stream when a device's state or message changed, and otherwise once
+//! half the health-check timeout has passed since the last report, with a
+//! fresh timestamp: kubelet turns a device Unknown when it hears nothing of
+//! it for that timeout. (Sending on every scan cost a gRPC message to
+//! kubelet and a wake-up of the claim status writer each time, for nothing
+//! new.) A scan
 //! that fails keeps the devices published last: a transient sysfs problem
 //! must not unpublish healthy devices.
 //!
@@ -146,10 +150,13 @@ impl Default for RescanConfig {
 }
 
 impl RescanConfig {
-    /// The health-check timeout told to kubelet: three missed rescans, and
-    /// never less than kubelet's own default of 30 s.
+    /// The health-check timeout told to kubelet: six rescans, and never
+    /// less than 60 s. Unchanged health is reported again after half of it
+    /// ([`refresh_due`]), so two scans in a row may fail (or a scan may take
+    /// two intervals) before kubelet turns the devices Unknown; a driver
+    /// that hangs is seen within a minute at the default interval.
     pub(crate) fn health_timeout(&self) -> Duration {
-        (self.interval * 3).max(Duration::from_secs(30))
+        (self.interval * 6).max(Duration::from_secs(60))
     }
 }
 
@@ -331,7 +338,15 @@ impl<I: DeviceInventory> Rescanner<I> {
                     .inc();
             }
         }
-        self.health.send_replace(self.health_statuses(&scanned));
+        let health = self.health_statuses(&scanned);
+        let timeout = self.health_timeout.unwrap_or(KUBELET_HEALTH_TIMEOUT);
+        self.health.send_if_modified(|sent| {
+            let send = !same_health(sent, &health) || refresh_due(sent, timeout);
+            if send {
+                *sent = health;
+            }
+            send
+        });
         let content = PoolContent {
             devices: scanned.into_iter().map(|s| s.device).collect(),
             counter_sets,
@@ -412,6 +427,43 @@ impl<I: DeviceInventory> Rescanner<I> {
             }
         }
     }
+}
+
+/// Kubelet's health-check timeout for a device reported without one.
+const KUBELET_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Do two health reports say the same of the same devices (timestamps
+/// aside)?
+fn same_health(a: &[DeviceHealthStatus], b: &[DeviceHealthStatus]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| {
+            (
+                &a.pool,
+                &a.device,
+                a.state,
+                &a.message,
+                a.health_check_timeout,
+            ) == (
+                &b.pool,
+                &b.device,
+                b.state,
+                &b.message,
+                b.health_check_timeout,
+            )
+        })
+}
+
+/// Is the last report `sent` half `timeout` old (or older), so that kubelet
+/// must hear of the devices again before it turns them Unknown?
+fn refresh_due(sent: &[DeviceHealthStatus], timeout: Duration) -> bool {
+    sent.iter()
+        .map(|s| s.last_updated)
+        .min()
+        .is_some_and(|oldest| {
+            SystemTime::now()
+                .duration_since(oldest)
+                .is_ok_and(|age| age >= timeout / 2)
+        })
 }
 
 /// Opens the kernel uevent socket and forwards the events of `subsystems`

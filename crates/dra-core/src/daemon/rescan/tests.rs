@@ -154,7 +154,7 @@ async fn sends_devices_only_when_they_change_and_keeps_them_on_failure() {
 }
 
 #[tokio::test]
-async fn health_follows_every_scan() {
+async fn health_follows_changes_and_is_refreshed_at_half_the_timeout() {
     let hw = Hardware::default();
     hw.set(&["a", "b"]);
     let timeout = Some(Duration::from_secs(30));
@@ -198,7 +198,7 @@ async fn health_follows_every_scan() {
     );
     assert!(
         feeds.health.has_changed().unwrap(),
-        "health is refreshed on every scan"
+        "a changed state is reported at once"
     );
     let b = feeds
         .health
@@ -209,6 +209,11 @@ async fn health_follows_every_scan() {
         .unwrap();
     assert_eq!(b.state, HealthState::Unhealthy);
     assert_eq!(b.message, "admin-queue-closed=1 (Fatal)");
+    rescanner.rescan(Trigger::Interval).await.unwrap();
+    assert!(
+        !feeds.health.has_changed().unwrap(),
+        "unchanged health is not sent again before half the timeout (15 s) passed"
+    );
     let by_state = |s: &str| metrics.devices_by_health.with_label_values(&[s]).get();
     assert_eq!((by_state("healthy"), by_state("unhealthy")), (1, 1));
     assert_eq!(
@@ -219,6 +224,30 @@ async fn health_follows_every_scan() {
         1,
         "counted once, not per scan"
     );
+}
+
+/// Kubelet turns a device Unknown when it hears nothing of it for the
+/// health-check timeout: unchanged health is sent again, with a fresh
+/// timestamp, once half of it has passed.
+#[tokio::test]
+async fn unchanged_health_is_refreshed_at_half_the_timeout() {
+    let hw = Hardware::default();
+    hw.set(&["a"]);
+    let timeout = Duration::from_millis(400);
+    let (rescanner, mut feeds) = rescanner_of(&hw, "n", Some(timeout), None);
+    rescanner.rescan(Trigger::Start).await.unwrap();
+    let first = feeds.health.borrow_and_update()[0].last_updated;
+    rescanner.rescan(Trigger::Interval).await.unwrap();
+    assert!(!feeds.health.has_changed().unwrap(), "sent 0 s ago: kept");
+    tokio::time::sleep(timeout / 2).await;
+    rescanner.rescan(Trigger::Interval).await.unwrap();
+    assert!(
+        feeds.health.has_changed().unwrap(),
+        "half the timeout: sent"
+    );
+    let again = feeds.health.borrow_and_update()[0].clone();
+    assert!(again.last_updated >= first + timeout / 2, "{again:?}");
+    assert_eq!(again.state, HealthState::Healthy);
 }
 
 #[tokio::test]
@@ -283,7 +312,7 @@ async fn the_interval_rescans_without_events() {
 }
 
 #[test]
-fn health_timeout_covers_three_rescans_and_kubelets_default() {
+fn health_timeout_covers_six_rescans_and_a_minute() {
     let t = |s| {
         RescanConfig {
             interval: Duration::from_secs(s),
@@ -291,7 +320,7 @@ fn health_timeout_covers_three_rescans_and_kubelets_default() {
         }
         .health_timeout()
     };
-    assert_eq!(t(10), Duration::from_secs(30));
-    assert_eq!(t(1), Duration::from_secs(30));
-    assert_eq!(t(60), Duration::from_secs(180));
+    assert_eq!(t(10), Duration::from_secs(60));
+    assert_eq!(t(1), Duration::from_secs(60));
+    assert_eq!(t(60), Duration::from_secs(360));
 }
