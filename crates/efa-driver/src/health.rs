@@ -15,12 +15,20 @@
 //!   `retrans_pkts` above 1000/s (AWS's node monitoring agent thresholds).
 //!   Dimension `<counter>-rate` with dashes, value: the rate.
 //!
+//! The rate counters count errors of what the EFA sends (work requests it
+//! posted, packets it retransmitted, remotes it sent to). While `tx_pkts`
+//! has not moved since the last sample the EFA sent nothing, so they are
+//! not read: the sample is carried forward to this scan, and the rates are
+//! zero. An idle p5 therefore reads two counters per EFA per scan instead of
+//! eight (a third of the driver's CPU at rest went to those reads); the first
+//! packet sent brings the full read back at the next scan, and any growth
+//! the skipped reads missed is counted then, over one interval.
+//!
 //! A counter file that does not exist is "not reported" (older kernel
 //! drivers, older Nitro versions), never unhealthy. Counters only grow
 //! until a reboot or a driver reload; a fatal condition therefore stays
 //! until then, and a rate clears at the first scan under the threshold.
 
-use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -43,11 +51,14 @@ pub const RATE_THRESHOLDS: [(&str, f64); 6] = [
     ("retrans_pkts", 1000.0),
 ];
 
-/// What one read of the rate counters saw, for the next read's rates.
-#[derive(Debug, Clone, PartialEq)]
+/// What one read of the rate counters saw, for the next read's rates: the
+/// probe counter (`tx_pkts`), then the [`RATE_THRESHOLDS`] counters in
+/// order (`None`: not reported).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CounterSample {
     at: Instant,
-    values: BTreeMap<&'static str, u64>,
+    sent: Option<u64>,
+    values: [Option<u64>; RATE_THRESHOLDS.len()],
 }
 
 /// Is this read error the device's (EIO and the like) rather than ours
@@ -63,9 +74,10 @@ fn is_device_error(e: &io::Error) -> bool {
 /// The counter files of one EFA, held open between scans
 /// ([`topology::held`], whose policy decides what a failed read means).
 ///
-/// An idle rescan of a p5 reads 256 counters (8 per EFA): most of what a
-/// driver at rest costs. So the seven counters judged on every scan
-/// (`no_completion_cmds` and the rate counters) are held open and read
+/// An idle rescan of a p5 read 256 counters (8 per EFA): most of what a
+/// driver at rest costs. So the seven counters judged (`no_completion_cmds`
+/// and the rate counters, these only after packets were sent: see the
+/// module docs) are held open and read
 /// with one `pread` each; a counter the kernel stops answering fails that
 /// `pread` with EIO at once.
 ///
@@ -125,29 +137,42 @@ pub fn read(
         }),
         Err(_) => {}
     }
-    let mut values = BTreeMap::new();
-    let mut unreadable = false;
-    for (slot, (counter, _)) in RATE_THRESHOLDS.iter().enumerate() {
-        match counters.held[1 + slot].read_u64() {
-            Ok(Some(v)) => {
-                values.insert(*counter, v);
+    // One counter every EFA reports is read first, through the directory,
+    // so that the signal is there even where the rate counters are not.
+    // Every port counter read is an admin command to the device, so once
+    // the admin queue is closed they all fail alike: when this one fails,
+    // the others tell nothing more.
+    let (sent, mut unreadable) = match counters.port.read_u64(PROBE_COUNTER) {
+        Ok(sent) => (sent, false),
+        Err(e) => (None, is_device_error(&e)),
+    };
+    let quiet = previous.filter(|p| !unreadable && sent.is_some() && p.sent == sent);
+    let mut degraded = Vec::new();
+    let sample = match quiet {
+        // Nothing sent since the last sample: no error of sending either.
+        Some(prev) => CounterSample { at: now, ..*prev },
+        None => {
+            let mut values = [None; RATE_THRESHOLDS.len()];
+            if !unreadable {
+                for (slot, value) in values.iter_mut().enumerate() {
+                    match counters.held[1 + slot].read_u64() {
+                        Ok(v) => *value = v,
+                        Err(e) if is_device_error(&e) => unreadable = true,
+                        Err(_) => {}
+                    }
+                }
             }
-            Ok(None) => {}
-            Err(e) if is_device_error(&e) => unreadable = true,
-            Err(_) => {}
+            let sample = CounterSample {
+                at: now,
+                sent,
+                values,
+            };
+            if let Some(prev) = previous {
+                degraded = rates(prev, &sample);
+            }
+            sample
         }
-    }
-    // One counter every EFA reports is read too, so that the signal is
-    // there even where the rate counters are not. Every port counter read
-    // is an admin command to the device, so once the admin queue is closed
-    // they all fail alike: reading the other thirty-odd counters of the
-    // directory told nothing more, and cost two thirds of an idle rescan
-    // (32 EFAs on a p5: 1,300 file reads every 10 s).
-    if !unreadable
-        && matches!(counters.port.read_u64(PROBE_COUNTER), Err(ref err) if is_device_error(err))
-    {
-        unreadable = true;
-    }
+    };
     if unreadable {
         conditions.push(HealthCondition {
             dimension: "port-counters-unreadable".into(),
@@ -155,26 +180,29 @@ pub fn read(
             value: "eio".into(),
         });
     }
-    if let Some(prev) = previous {
-        let seconds = now.duration_since(prev.at).as_secs_f64();
-        if seconds > 0.0 {
-            for (counter, limit) in RATE_THRESHOLDS {
-                let (Some(now_v), Some(then_v)) = (values.get(counter), prev.values.get(counter))
-                else {
-                    continue;
-                };
-                let rate = now_v.saturating_sub(*then_v) as f64 / seconds;
-                if rate > limit {
-                    conditions.push(HealthCondition {
-                        dimension: format!("{}-rate", counter.replace('_', "-")),
-                        severity: Severity::Degraded,
-                        value: format!("{}", rate.round() as u64),
-                    });
-                }
-            }
-        }
+    conditions.extend(degraded);
+    (conditions, Some(sample))
+}
+
+/// The degraded rates between two samples.
+fn rates(prev: &CounterSample, now: &CounterSample) -> Vec<HealthCondition> {
+    let seconds = now.at.duration_since(prev.at).as_secs_f64();
+    if seconds <= 0.0 {
+        return Vec::new();
     }
-    (conditions, Some(CounterSample { at: now, values }))
+    (RATE_THRESHOLDS.iter().enumerate())
+        .filter_map(|(slot, (counter, limit))| {
+            let (Some(now_v), Some(then_v)) = (now.values[slot], prev.values[slot]) else {
+                return None;
+            };
+            let rate = now_v.saturating_sub(then_v) as f64 / seconds;
+            (rate > *limit).then(|| HealthCondition {
+                dimension: format!("{}-rate", counter.replace('_', "-")),
+                severity: Severity::Degraded,
+                value: format!("{}", rate.round() as u64),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -261,6 +289,49 @@ mod tests {
         let (c, _) = read(&mut dirs, None, t1);
         assert!(c.is_empty());
         assert!(!dirs.held.iter().any(HeldFile::is_open) && !dirs.port.is_open());
+    }
+
+    /// While `tx_pkts` stands still the rate counters are not read, and the
+    /// sample moves on to the scan; the first packet sent brings the read
+    /// back, and growth the skipped reads missed is counted over the one
+    /// interval since the last scan.
+    #[test]
+    fn rate_counters_are_read_only_after_packets_were_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = sysfs_fixtures::generate("p5.48xlarge", dir.path()).unwrap();
+        let ib = efa_ib_dir(&f.sys, &f.efas[0].ibdev);
+        let port = ib.join(PORT_COUNTERS);
+        let t0 = Instant::now();
+        let (c, s0) = read(&mut EfaCounters::new(ib.clone()), None, t0);
+        assert!(c.is_empty());
+
+        // Errors counted without a packet sent (not what an EFA does, but
+        // it shows the counters are not read): no rate, not opened.
+        std::fs::write(port.join("retrans_pkts"), "5000\n").unwrap();
+        let mut dirs = EfaCounters::new(ib.clone());
+        let t1 = t0 + Duration::from_secs(10);
+        let (c, s1) = read(&mut dirs, s0.as_ref(), t1);
+        assert!(c.is_empty(), "{c:?}");
+        assert!(
+            !dirs.held[1..].iter().any(HeldFile::is_open),
+            "rates not read"
+        );
+        let s1 = s1.unwrap();
+        assert_eq!((s1.at, s1.values), (t1, s0.unwrap().values));
+
+        // One packet sent: read again; the 5000 count over the last 2 s.
+        std::fs::write(port.join(PROBE_COUNTER), "1\n").unwrap();
+        let (c, s2) = read(&mut dirs, Some(&s1), t1 + Duration::from_secs(2));
+        assert_eq!(
+            dims(&c),
+            vec![(
+                "retrans-pkts-rate".into(),
+                Severity::Degraded,
+                "2500".into()
+            )]
+        );
+        assert!(dirs.held[1..].iter().all(HeldFile::is_open));
+        assert_eq!(s2.unwrap().sent, Some(1));
     }
 
     /// Each slot is the counter it is judged as: `no_completion_cmds`, then

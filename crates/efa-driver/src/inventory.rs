@@ -282,7 +282,11 @@ impl DeviceInventory for EfaInventory {
             if let Some(sample) = sample {
                 samples.insert(device.name.clone(), sample);
             }
-            self.published.insert(device.name.clone(), device.clone());
+            // Compared before it is copied: at rest every EFA is as published,
+            // and the copy was made and dropped for every EFA on every scan.
+            if self.published.get(&device.name) != Some(&device) {
+                self.published.insert(device.name.clone(), device.clone());
+            }
             out.insert(
                 device.name.clone(),
                 ScannedDevice {

@@ -112,7 +112,8 @@ pub enum Fault {
     /// Reading the port counters fails (a counter file that cannot be read
     /// as a file stands for the kernel's EIO).
     EfaPortCountersUnreadable { ibdev: String },
-    /// A port counter grows by `by` (error-rate faults).
+    /// A port counter grows by `by` (error-rate faults), and `tx_pkts` with
+    /// it: errors of sending come with packets sent.
     EfaPortCounter {
         ibdev: String,
         counter: String,
@@ -197,12 +198,19 @@ pub fn inject(sys: &Path, fault: &Fault) -> Result<(), FixtureError> {
             // as reading the real file fails with EIO.
             std::fs::create_dir_all(&file).map_err(io_err(&file))
         }
-        Fault::EfaPortCounter { ibdev, counter, by } => grow_any(
-            &[efa_ib_dir(sys, ibdev)
-                .join("ports/1/hw_counters")
-                .join(counter)],
-            *by,
-        ),
+        Fault::EfaPortCounter { ibdev, counter, by } => {
+            let port = efa_ib_dir(sys, ibdev).join("ports/1/hw_counters");
+            grow_any(&[port.join(counter)], *by)?;
+            // The error counters count errors of what the EFA sends: a
+            // retransmitted packet is a packet sent, and a failed request
+            // or a lost remote comes with traffic. (An unreadable tx_pkts,
+            // a directory in its place, is left as it is.)
+            let sent = port.join("tx_pkts");
+            if counter != "tx_pkts" && sent.is_file() {
+                grow(&sent, *by)?;
+            }
+            Ok(())
+        }
         Fault::NeuronSramUncorrected { chip } => {
             let d = neuron_dir(sys, *chip).join("stats/hardware");
             grow_any(
