@@ -33,7 +33,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use topology::held::{HeldDir, HeldFile};
+use topology::held::HeldFile;
 
 use dra_core::{HealthCondition, Severity};
 
@@ -81,17 +81,20 @@ fn is_device_error(e: &io::Error) -> bool {
 /// with one `pread` each; a counter the kernel stops answering fails that
 /// `pread` with EIO at once.
 ///
-/// The probe counter (`tx_pkts`) is opened anew on every scan, relative to
-/// the held port counter directory. That keeps one read per EFA that
-/// follows the directory entry itself, which is what the sysfs fixtures
-/// model an unreadable counter with (a directory in the file's place, which
-/// a held handle of the old file would never see). The inventory drops
-/// every handle at each full discovery.
+/// The probe counter (`tx_pkts`) is held and read so too. (Until
+/// 2026-12-06 it was opened anew on every scan through the port counter
+/// directory, so that the sysfs fixtures' unreadable counter, a directory
+/// in the file's place, was seen at once; a held handle of the old file
+/// keeps reading it. The kernel's EIO reaches a held handle at once, and
+/// the fixtures' stand-in is seen at the next full discovery, which drops
+/// every handle. That saves an `openat` with its lookup and a `close` per
+/// EFA and scan.)
 #[derive(Debug)]
 pub struct EfaCounters {
     /// `no_completion_cmds`, then the [`RATE_THRESHOLDS`] counters in order.
     held: [HeldFile; HELD],
-    port: HeldDir,
+    /// [`PROBE_COUNTER`].
+    sent: HeldFile,
 }
 
 /// Counters held open: `no_completion_cmds` and the rate counters.
@@ -110,7 +113,7 @@ impl EfaCounters {
                 None => HeldFile::new(ibdir.join("hw_counters/no_completion_cmds")),
                 Some(rate) => HeldFile::new(port.join(RATE_THRESHOLDS[rate].0)),
             }),
-            port: HeldDir::new(port),
+            sent: HeldFile::new(port.join(PROBE_COUNTER)),
         }
     }
 }
@@ -137,12 +140,12 @@ pub fn read(
         }),
         Err(_) => {}
     }
-    // One counter every EFA reports is read first, through the directory,
-    // so that the signal is there even where the rate counters are not.
+    // One counter every EFA reports is read first, so that the signal is
+    // there even where the rate counters are not.
     // Every port counter read is an admin command to the device, so once
     // the admin queue is closed they all fail alike: when this one fails,
     // the others tell nothing more.
-    let (sent, mut unreadable) = match counters.port.read_u64(PROBE_COUNTER) {
+    let (sent, mut unreadable) = match counters.sent.read_u64() {
         Ok(sent) => (sent, false),
         Err(e) => (None, is_device_error(&e)),
     };
@@ -266,7 +269,9 @@ mod tests {
             },
         )
         .unwrap();
-        let (c, _) = read(&mut dirs, None, t1);
+        // Fresh handles, as after a full discovery: the fixture's stand-in
+        // for EIO (a directory in the file's place) is seen by an open.
+        let (c, _) = read(&mut EfaCounters::new(ib.clone()), None, t1);
         assert_eq!(
             dims(&c),
             vec![
@@ -288,7 +293,7 @@ mod tests {
         let mut dirs = EfaCounters::new(ib.clone());
         let (c, _) = read(&mut dirs, None, t1);
         assert!(c.is_empty());
-        assert!(!dirs.held.iter().any(HeldFile::is_open) && !dirs.port.is_open());
+        assert!(!dirs.held.iter().any(HeldFile::is_open) && !dirs.sent.is_open());
     }
 
     /// While `tx_pkts` stands still the rate counters are not read, and the
@@ -335,11 +340,10 @@ mod tests {
     }
 
     /// Each slot is the counter it is judged as: `no_completion_cmds`, then
-    /// the rate counters in order below the port; they are held open and
-    /// read again on every call; the probe goes through the directory, so
-    /// a counter that became unreadable is seen at once.
+    /// the rate counters in order below the port, and the probe; they are
+    /// held open and read again on every call.
     #[test]
-    fn held_counters_are_the_judged_ones_and_the_probe_follows_the_directory() {
+    fn held_counters_are_the_judged_ones() {
         let dir = tempfile::tempdir().unwrap();
         let port = dir.path().join(PORT_COUNTERS);
         std::fs::create_dir_all(&port).unwrap();
@@ -352,6 +356,7 @@ mod tests {
         for (slot, (name, _)) in RATE_THRESHOLDS.iter().enumerate() {
             assert_eq!(counters.held[1 + slot].path(), port.join(name));
         }
+        assert_eq!(counters.sent.path(), port.join(PROBE_COUNTER));
         let rate = port.join(RATE_THRESHOLDS[0].0);
         std::fs::write(&rate, "18446744073709551615\n").unwrap();
         assert_eq!(counters.held[1].read_u64().unwrap(), Some(u64::MAX));
@@ -361,15 +366,13 @@ mod tests {
         assert_eq!(counters.held[0].read_u64().unwrap(), None, "not reported");
 
         std::fs::write(port.join(PROBE_COUNTER), "3\n").unwrap();
-        assert_eq!(counters.port.read_u64(PROBE_COUNTER).unwrap(), Some(3));
+        assert_eq!(counters.sent.read_u64().unwrap(), Some(3));
+        assert!(counters.sent.is_open(), "held open");
+        // The fixtures' unreadable counter, seen by a fresh handle.
         std::fs::remove_file(port.join(PROBE_COUNTER)).unwrap();
         std::fs::create_dir(port.join(PROBE_COUNTER)).unwrap();
-        assert!(
-            counters
-                .port
-                .read_u64(PROBE_COUNTER)
-                .is_err_and(|e| is_device_error(&e))
-        );
+        let mut fresh = EfaCounters::new(dir.path().to_path_buf());
+        assert!(fresh.sent.read_u64().is_err_and(|e| is_device_error(&e)));
     }
 
     /// EIO is the device's answer; a counter that is not there, or that we

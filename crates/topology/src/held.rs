@@ -7,11 +7,9 @@
 //! opens its attribute once and then reads it with one `pread` at offset 0,
 //! which makes sysfs run the attribute's `show` again: the value is as
 //! fresh as a new open's, and an attribute the device stops answering fails
-//! that `pread` at once. A [`HeldDir`] holds a directory and opens an entry
-//! anew relative to it on every read (`openat`, one `read`, `close`), for a
-//! file that must be looked up each time (see its doc).
+//! that `pread` at once.
 //!
-//! Both follow one policy for what a read can answer:
+//! Its policy for what a read can answer:
 //!
 //! - **absent** (no such file): `Ok(None)`, "not reported" (an older
 //!   kernel driver); nothing is held, and the next read tries to open it
@@ -35,13 +33,11 @@
 //! them at every full discovery).
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
 
 /// Longest attribute read as text: sysfs shows at most a page.
 pub const PAGE_BYTES: usize = 4096;
@@ -145,83 +141,6 @@ impl HeldFile {
         }
         Ok(Some(&buf[..read?]))
     }
-}
-
-/// A directory held open, whose entries are opened anew relative to it on
-/// every read (`openat`, one `read`, `close`).
-///
-/// For a file whose directory entry must be followed on every read: one
-/// that a held handle of the old file would not see replaced. The sysfs
-/// fixtures model an unreadable attribute so (a regular file cannot fail a
-/// read with `EIO`, so a fault puts a directory in its place), and the EFA
-/// driver keeps one counter per device read this way for it.
-#[derive(Debug)]
-pub struct HeldDir {
-    path: PathBuf,
-    dir: Option<File>,
-}
-
-impl HeldDir {
-    /// The directory at `path`; nothing is opened until the first read.
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        HeldDir {
-            path: path.into(),
-            dir: None,
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Whether a handle is held (for tests and diagnostics).
-    pub fn is_open(&self) -> bool {
-        self.dir.is_some()
-    }
-
-    /// Reads entry `name` into `buf` (the module's policy): `Ok(None)`
-    /// when the directory or the entry does not exist. Not finding the
-    /// entry through the held directory could mean that the directory was
-    /// removed, so that answer is taken from the path, as a stale handle's.
-    pub fn read<'b>(&mut self, name: &str, buf: &'b mut [u8]) -> io::Result<Option<&'b [u8]>> {
-        if let Some(dir) = &self.dir {
-            match read_entry(dir, name, buf) {
-                Ok(n) => return Ok(Some(&buf[..n])),
-                Err(e) if is_stale(&e) => self.dir = None,
-                Err(e) => return Err(e),
-            }
-        }
-        let dir = match File::open(&self.path) {
-            Ok(dir) => self.dir.insert(dir),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        match read_entry(dir, name, buf) {
-            Ok(n) => Ok(Some(&buf[..n])),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => {
-                if is_stale(&e) {
-                    self.dir = None;
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Entry `name` as a counter: `Ok(None)` when it does not exist or is
-    /// not a decimal `u64`.
-    pub fn read_u64(&mut self, name: &str) -> io::Result<Option<u64>> {
-        let mut buf = [0u8; COUNTER_BYTES];
-        Ok(self.read(name, &mut buf)?.and_then(parse_counter))
-    }
-}
-
-/// Opens `name` in `dir` and reads it with one `read`; the file is closed
-/// when it is dropped.
-fn read_entry(dir: &File, name: &str, buf: &mut [u8]) -> io::Result<usize> {
-    let fd = nix::fcntl::openat(dir, name, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(io::Error::from)?;
-    File::from(fd).read(buf)
 }
 
 #[cfg(test)]

@@ -139,39 +139,3 @@ fn device_errors_are_returned_and_the_handle_kept() {
     let err = HeldFile::new(&unreadable).read_u64().unwrap_err();
     assert!(!is_stale(&err), "{err}");
 }
-
-/// An entry of a held directory is looked up on every read: a replaced or
-/// an unreadable entry is seen at once, an absent one is not reported, and
-/// a directory that is gone is not reported either.
-#[test]
-fn held_directories_follow_their_entries() {
-    let dir = tempfile::tempdir().unwrap();
-    let counters = dir.path().join("hw_counters");
-    let mut held = HeldDir::new(&counters);
-    assert_eq!(held.read_u64("tx_pkts").unwrap(), None, "no directory");
-    assert!(!held.is_open());
-
-    std::fs::create_dir(&counters).unwrap();
-    assert_eq!(held.read_u64("tx_pkts").unwrap(), None, "no entry");
-    assert!(held.is_open(), "the directory is held");
-    std::fs::write(counters.join("tx_pkts"), "3\n").unwrap();
-    assert_eq!(held.read_u64("tx_pkts").unwrap(), Some(3));
-    std::fs::remove_file(counters.join("tx_pkts")).unwrap();
-    std::fs::write(counters.join("tx_pkts"), "4\n").unwrap();
-    assert_eq!(held.read_u64("tx_pkts").unwrap(), Some(4), "replaced: seen");
-
-    std::fs::remove_file(counters.join("tx_pkts")).unwrap();
-    std::fs::create_dir(counters.join("tx_pkts")).unwrap();
-    let err = held.read_u64("tx_pkts").unwrap_err();
-    assert!(!is_stale(&err), "the device's answer: {err}");
-    assert!(held.is_open());
-
-    // The directory replaced (a driver reload): the held one is gone, the
-    // path finds the new one.
-    std::fs::remove_dir_all(&counters).unwrap();
-    std::fs::create_dir(&counters).unwrap();
-    std::fs::write(counters.join("tx_pkts"), "5\n").unwrap();
-    assert_eq!(held.read_u64("tx_pkts").unwrap(), Some(5));
-    std::fs::remove_dir_all(&counters).unwrap();
-    assert_eq!(held.read_u64("tx_pkts").unwrap(), None, "removed");
-}
