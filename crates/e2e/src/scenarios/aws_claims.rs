@@ -3,12 +3,12 @@
 //! 4 and of 2 pods each on one set with consistent ids, and the clear
 //! refusal of a mode a node does not support.
 //!
-//! LeaderWorkerSet is not used: the Go module proxy this project builds
-//! from answers `403 Forbidden` for `sigs.k8s.io/lws` (checked 2026-12-03),
-//! so its controller cannot be built here. At the scheduler, its
-//! `exclusive-topology` annotation is one required pod affinity on the
-//! UltraServer label, which its webhook writes into each pod of a group;
-//! the pods here carry that affinity themselves.
+//! The pods here carry the required pod affinity on the UltraServer label
+//! themselves: at the scheduler, that is what LeaderWorkerSet's
+//! `exclusive-topology` annotation becomes (its webhook writes it into each
+//! pod of a group). LeaderWorkerSet itself, built from its Go module, runs
+//! the same group in the long run `cargo xtask lws` (`long_runs::lws`),
+//! which reuses the checks below (hence `pub`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -118,7 +118,7 @@ pub async fn aws_neuron_claims(tb: &impl Testbed, ns: &str) -> Result<()> {
 /// The 4 nodes of the UltraServer: fixture names and testbed node names.
 /// Node 3 lacks the 1-node mode (its `ultraserver_mode` is `1,2,3`), for the
 /// refusal.
-const ULTRASERVER: [(&str, &str); 4] = [
+pub const ULTRASERVER: [(&str, &str); 4] = [
     ("us-0", "trn2u.48xlarge@node0"),
     ("us-1", "trn2u.48xlarge@node1"),
     ("us-2", "trn2u.48xlarge@node2"),
@@ -157,6 +157,10 @@ fn group_pod(base: &Value, name: &str, template: &str, group: &str, topology_key
     pod
 }
 
+/// A pod of an UltraServer group: its node and the `NEURON_*` variables
+/// its container saw.
+pub type Member = (String, BTreeMap<String, String>);
+
 /// Runs a group of `size` pods on `template` (a whole-node claim template,
 /// applied first), one at a time as a LeaderWorkerSet creates them, and
 /// returns each pod's node and Neuron variables.
@@ -168,7 +172,7 @@ async fn run_group(
     template: &Value,
     base_pod: &Value,
     topology_key: &str,
-) -> Result<Vec<(String, BTreeMap<String, String>)>> {
+) -> Result<Vec<Member>> {
     let template_name = template["metadata"]["name"]
         .as_str()
         .ok_or_else(|| anyhow!("template without a name"))?
@@ -179,34 +183,62 @@ async fn run_group(
         let name = format!("{group}-{k}");
         let pod = group_pod(base_pod, &name, &template_name, group, topology_key);
         kit::apply_all(tb, ns, &[pod]).await?;
-        let pod = kit::running(tb, ns, &name, RUNNING).await?;
-        let node = pod
-            .spec
-            .and_then(|s| s.node_name)
-            .ok_or_else(|| anyhow!("{name} runs on no node"))?;
-        let allocated = kit::pod_devices(tb, ns, &name).await?;
-        ensure!(
-            allocated.len() == 1
-                && allocated[0].device == "neuronnode"
-                && allocated[0].pool == node,
-            "{name}: allocated {allocated:?}, want the whole-node device of {node}"
-        );
-        let report = kit::probe(tb, ns, &name).await?;
-        let chips = report.devices_with_prefix("/dev/neuron");
-        ensure!(chips.len() == 16, "{name} sees {chips:?}, want every chip");
-        let env: BTreeMap<String, String> = report
-            .env
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("NEURON_"))
-            .collect();
-        out.push((node, env));
+        kit::running(tb, ns, &name, RUNNING).await?;
+        out.push(whole_node_member(tb, ns, &name).await?);
     }
     Ok(out)
 }
 
+/// A running pod of an UltraServer group, with a whole-node claim: its
+/// node, after checking that the claim holds that node's `neuronnode` and
+/// the container sees every chip, and the `NEURON_*` variables it saw.
+pub async fn whole_node_member(tb: &impl Testbed, ns: &str, name: &str) -> Result<Member> {
+    let pod = kit::get_pod(tb, ns, name)
+        .await?
+        .ok_or_else(|| anyhow!("{name} is gone"))?;
+    let node = pod
+        .spec
+        .and_then(|s| s.node_name)
+        .ok_or_else(|| anyhow!("{name} runs on no node"))?;
+    let allocated = kit::pod_devices(tb, ns, name).await?;
+    ensure!(
+        allocated.len() == 1 && allocated[0].device == "neuronnode" && allocated[0].pool == node,
+        "{name}: allocated {allocated:?}, want the whole-node device of {node}"
+    );
+    let report = kit::probe(tb, ns, name).await?;
+    let chips = report.devices_with_prefix("/dev/neuron");
+    ensure!(chips.len() == 16, "{name} sees {chips:?}, want every chip");
+    let env: BTreeMap<String, String> = report
+        .env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("NEURON_"))
+        .collect();
+    Ok((node, env))
+}
+
+/// A group of 4 (mode 4) as the Neuron runtime expects it: 4 distinct
+/// nodes, one `NEURON_RT_ULTRASERVER_SERVER_ID` that is a 4-node id of
+/// `ids`, node ids 0-3 and `NEURON_RT_ULTRASERVER_MODE=1` in every pod.
+pub fn check_group_of_4(group: &[Member], ids: &BTreeMap<String, (String, String)>) -> Result<()> {
+    let nodes: BTreeSet<&str> = group.iter().map(|(n, _)| n.as_str()).collect();
+    ensure!(nodes.len() == 4, "group of 4 on {nodes:?}");
+    let server = env_values(group, "NEURON_RT_ULTRASERVER_SERVER_ID");
+    let node_ids = env_values(group, "NEURON_RT_ULTRASERVER_NODE_ID");
+    ensure!(
+        server.len() == 1
+            && server.iter().all(|s| ids.values().any(|(_, id4)| id4 == s))
+            && node_ids == BTreeSet::from(["0", "1", "2", "3"])
+            && group
+                .iter()
+                .all(|(_, e)| e.get("NEURON_RT_ULTRASERVER_MODE").map(String::as_str) == Some("1")),
+        "group of 4 sees {group:?}"
+    );
+    Ok(())
+}
+
 /// The values of the variable `key` across the pods of a group (`""` for a
 /// pod without it).
-fn env_values<'a>(group: &'a [(String, BTreeMap<String, String>)], key: &str) -> BTreeSet<&'a str> {
+fn env_values<'a>(group: &'a [Member], key: &str) -> BTreeSet<&'a str> {
     group
         .iter()
         .map(|(_, e)| e.get(key).map_or("", String::as_str))
@@ -218,8 +250,14 @@ pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
     for (name, fixture) in ULTRASERVER {
         tb.ensure_node(name, fixture, &[DriverKind::Neuron]).await?;
     }
-    // Each node: the whole-node device and the Node labels, from the
-    // fixture's ids.
+    let ids = ultraserver_ids(tb).await?;
+    ultraserver_groups(tb, ns, &ids).await
+}
+
+/// The 4 kubelets of [`ULTRASERVER`] (started by the caller), each checked
+/// for its whole-node device and its Node's labels, with the fixture's ids:
+/// testbed node name → (server id 2, server id 4).
+pub async fn ultraserver_ids(tb: &impl Testbed) -> Result<BTreeMap<String, (String, String)>> {
     let nodes_api: Api<Node> = Api::all(tb.client());
     let mut ids: BTreeMap<String, (String, String)> = BTreeMap::new();
     for (k, (name, _)) in ULTRASERVER.iter().enumerate() {
@@ -254,7 +292,15 @@ pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
         );
         ids.insert(node_name, (id2, id4));
     }
+    Ok(ids)
+}
 
+/// The groups of scenario 27, on the nodes of `ids`.
+async fn ultraserver_groups(
+    tb: &impl Testbed,
+    ns: &str,
+    ids: &BTreeMap<String, (String, String)>,
+) -> Result<()> {
     // A group of 4 from examples/aws-neuron/ultraserver-node.yaml (its
     // template asks for mode 4): one UltraServer, every node once, ids
     // 0-3, mode X4.
@@ -268,19 +314,7 @@ pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
         .find(|o| o["kind"] == "Pod")
         .ok_or_else(|| anyhow!("ultraserver-node.yaml has no pod"))?;
     let group = run_group(tb, ns, "g4", 4, template, base_pod, LABEL_SERVER_ID_4).await?;
-    let nodes: BTreeSet<&str> = group.iter().map(|(n, _)| n.as_str()).collect();
-    ensure!(nodes.len() == 4, "group of 4 on {nodes:?}");
-    let server = env_values(&group, "NEURON_RT_ULTRASERVER_SERVER_ID");
-    let node_ids = env_values(&group, "NEURON_RT_ULTRASERVER_NODE_ID");
-    ensure!(
-        server.len() == 1
-            && server.iter().all(|s| ids.values().any(|(_, id4)| id4 == s))
-            && node_ids == BTreeSet::from(["0", "1", "2", "3"])
-            && group
-                .iter()
-                .all(|(_, e)| e.get("NEURON_RT_ULTRASERVER_MODE").map(String::as_str) == Some("1")),
-        "group of 4 sees {group:?}"
-    );
+    check_group_of_4(&group, ids)?;
     let names: Vec<String> = (0..4).map(|k| format!("g4-{k}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     kit::delete_pods(tb, ns, &names, GONE).await?;

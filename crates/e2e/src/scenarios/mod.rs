@@ -24,7 +24,7 @@
 pub mod agreement;
 mod allocate;
 mod attribute_files;
-mod aws_claims;
+pub mod aws_claims;
 mod bad_input;
 mod cel_agreement;
 mod charts;
@@ -186,9 +186,9 @@ scenarios! {
         => efa_capacity::shared_capacity;
     s32_surge_one_publisher [PartitionableDevices] testbed [UpgradeDriverImage] "helm upgrade of the Neuron chart to partitions=chips and back: old and new pod side by side, one publishes; the pool's generation moves at most twice per upgrade, the pool is never incomplete at a generation it was complete at, no write of the old pod after the new one's first"
         => surge::surge_one_publisher;
-    s33_ultraserver_gangs [] gates [GenericWorkload, TopologyAwareWorkloadScheduling]
+    s33_ultraserver_gangs [PartitionableDevices] gates [GenericWorkload, TopologyAwareWorkloadScheduling]
         testbed [EnableFeatureGates]
-        "PodGroups of whole trn2u nodes (16 chips + all EFAs on devicegroup16_id) on 3 shadow UltraServers, one partly used: a gang of 4 on the 4-node id binds to one wholly free UltraServer; with none free, none binds and no claim is allocated, until one frees; the same for pairs on the 2-node id; a gang of 5 never binds"
+        "a PodGroup gang of 4 on the real trn2u kubelets us-0..us-3 (neuronnode, UltraServerConfig mode 4): all Running, one per node, one UltraServer, each container with the runtime's UltraServer variables; PodGroups of whole trn2u nodes (16 chips + all EFAs on devicegroup16_id) on 3 shadow UltraServers, one partly used: a gang of 4 on the 4-node id binds to one wholly free UltraServer; with none free, none binds and no claim is allocated, until one frees; the same for pairs on the 2-node id; a gang of 5 never binds; a gang of 4 whole p5 nodes (8 GPUs + 32 EFAs by pcieRoot) on 4 shadow p5s binds nowhere while one is partly used, on all 4 once it is free"
         => gangs::ultraserver_gangs;
     s34_damaged_checkpoint [] testbed [NodeState] "the EFA driver on p5 restarted on a checkpoint cut in half under a running pod: the claim is rebuilt from its CDI spec and attributes file (both left as they were), the corruption counted, and a restart of the pod's container succeeds; unprepare then removes everything"
         => recovery::damaged_checkpoint;
@@ -328,10 +328,13 @@ mod tests {
         let r38 = Release::for_minor(38).unwrap();
         assert!(s33.skip_reason(r37).is_none());
         assert!(s33.skip_reason(r38).is_none());
-        for minor in [34, 35, 36] {
+        // 1.34 and 1.35 lack the whole-node device's counters first.
+        for minor in [34, 35] {
             let why = s33.skip_reason(Release::for_minor(minor).unwrap()).unwrap();
-            assert!(why.contains("GenericWorkload"), "{why}");
+            assert!(why.contains("DRAPartitionableDevices"), "{why}");
         }
+        let why = s33.skip_reason(Release::for_minor(36).unwrap()).unwrap();
+        assert!(why.contains("GenericWorkload"), "{why}");
         assert!(
             SCENARIOS
                 .iter()
