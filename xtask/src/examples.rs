@@ -253,6 +253,13 @@ fn every_example_is_valid_v1() {
             if obj["kind"] == "Pod" {
                 check_pod(obj, &objs).unwrap_or_else(|e| panic!("{what}: {e:#}"));
             }
+            // A LeaderWorkerSet's pods are its templates.
+            for t in ["leaderTemplate", "workerTemplate"] {
+                let template = &obj["spec"]["leaderWorkerTemplate"][t];
+                if obj["kind"] == "LeaderWorkerSet" && !template.is_null() {
+                    check_pod(template, &objs).unwrap_or_else(|e| panic!("{what} {t}: {e:#}"));
+                }
+            }
         }
         assert!(claims > 0, "{} has no claim", f.display());
     }

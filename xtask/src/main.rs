@@ -28,6 +28,7 @@ mod kind_images;
 mod kind_network;
 mod kind_tool;
 mod krew;
+mod lws;
 mod manifest_checks;
 mod paths;
 mod supply_chain;
@@ -72,6 +73,8 @@ enum Task {
     Chaos(chaos::ChaosArgs),
     /// Node autoscalers on claims: `karpenter` provisions a node for a pod's claim.
     Autoscale(autoscale::AutoscaleArgs),
+    /// AWS's UltraServer job as a LeaderWorkerSet (controller built from its Go module) on 4 trn2u kubelets.
+    Lws(lws::LwsArgs),
     /// The krew plugin manifest of kubectl dra, from the release archives (sha256, URIs).
     KrewManifest(krew::KrewArgs),
     /// Licence, ban and source checks of the dependency graph (policy: supply-chain.yaml).
@@ -103,5 +106,6 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => bench::run(args),
         Task::Chaos(args) => chaos::run(args),
         Task::Autoscale(args) => autoscale::run(args),
+        Task::Lws(args) => lws::run(args),
     }
 }

@@ -13,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api;
 use serde_json::Value;
 
+mod lws;
 mod workloads;
 
 /// Parses a multi-document YAML stream into JSON values, dropping empty
@@ -44,7 +45,8 @@ fn roundtrip<T: serde::de::DeserializeOwned + serde::Serialize>(obj: &Value) -> 
 
 /// Checks that `obj` is a known Kubernetes type and that none of its fields
 /// is unknown to that type. Custom resources we ship (ServiceMonitor) are
-/// accepted by kind only.
+/// accepted by kind only; a LeaderWorkerSet (an example's) is checked
+/// field by field, its pod templates as pods (`lws.rs`).
 pub fn check_typed(obj: &Value) -> Result<()> {
     let api_version = obj["apiVersion"].as_str().unwrap_or_default();
     let kind = obj["kind"].as_str().unwrap_or_default();
@@ -53,6 +55,16 @@ pub fn check_typed(obj: &Value) -> Result<()> {
         && let Some(rest) = workloads::without_scheduling_group(obj).with_context(|| id(obj))?
     {
         return check_typed(&rest);
+    }
+    if (api_version, kind) == ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet") {
+        roundtrip::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(&obj["metadata"])?;
+        return lws::check_leader_worker_set(obj, |t| {
+            let mut pod = t.clone();
+            pod["apiVersion"] = "v1".into();
+            pod["kind"] = "Pod".into();
+            check_typed(&pod)
+        })
+        .with_context(|| id(obj));
     }
     if (api_version, kind) == ("scheduling.k8s.io/v1beta1", "PodGroup") {
         roundtrip::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(&obj["metadata"])?;

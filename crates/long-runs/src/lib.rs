@@ -9,8 +9,12 @@
 //! - [`chaos`]: `cargo xtask chaos`, the drivers killed, restarted and
 //!   starved of disk while pods come and go, with the end checks;
 //! - [`autoscale`]: `cargo xtask autoscale karpenter`, Karpenter
-//!   provisioning a node for a pod's claim from our templates.
+//!   provisioning a node for a pod's claim from our templates;
+//! - [`lws`]: `cargo xtask lws`, a LeaderWorkerSet (its controller built
+//!   from its Go module) running a 4-node job on one Trn2 UltraServer of
+//!   real kubelets, as AWS documents it.
 
 pub mod autoscale;
 pub mod bench;
 pub mod chaos;
+pub mod lws;

@@ -9,7 +9,7 @@ use anyhow::{Result, bail, ensure};
 use serde_json::{Map, Value};
 
 /// The keys of `obj` (an object at `path`) must be among `known`.
-fn only(obj: &Value, path: &str, known: &[&str]) -> Result<Map<String, Value>> {
+pub(super) fn only(obj: &Value, path: &str, known: &[&str]) -> Result<Map<String, Value>> {
     let Some(map) = obj.as_object() else {
         bail!("{path}: not an object");
     };

@@ -93,7 +93,11 @@ fn our_sources(module_dir: &Path) -> Result<String> {
     Ok(key)
 }
 
-fn build_one(
+/// Builds `package` of the wrapper module at `module_dir` (which requires
+/// `module`) into `<cache>/bin/<binary>-<version>`, empties the Go build
+/// cache, and returns the binary, the version and the module's source in
+/// the module cache. Also the LeaderWorkerSet run's build (`crate::lws`).
+pub fn build_one(
     module_dir: &Path,
     module: &str,
     binary: &'static str,
