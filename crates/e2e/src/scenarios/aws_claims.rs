@@ -245,11 +245,18 @@ fn env_values<'a>(group: &'a [Member], key: &str) -> BTreeSet<&'a str> {
         .collect()
 }
 
-/// Scenario 27: a Trn2 UltraServer of 4 kubelets.
-pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
+/// Starts the 4 kubelets of [`ULTRASERVER`] (Neuron driver only) unless
+/// they run already; scenarios 27 and 33 share them.
+pub async fn start_ultraserver(tb: &impl Testbed) -> Result<()> {
     for (name, fixture) in ULTRASERVER {
         tb.ensure_node(name, fixture, &[DriverKind::Neuron]).await?;
     }
+    Ok(())
+}
+
+/// Scenario 27: a Trn2 UltraServer of 4 kubelets.
+pub async fn ultraserver(tb: &impl Testbed, ns: &str) -> Result<()> {
+    start_ultraserver(tb).await?;
     let ids = ultraserver_ids(tb).await?;
     ultraserver_groups(tb, ns, &ids).await
 }

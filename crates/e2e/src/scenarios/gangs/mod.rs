@@ -41,17 +41,15 @@ mod ultraservers;
 use anyhow::{Context, Result};
 use kube::api::{DeleteParams, ListParams};
 
-use super::aws_claims::ULTRASERVER;
+use super::aws_claims;
 use super::{kit, shadow};
-use crate::testbed::{DriverKind, Testbed};
+use crate::testbed::Testbed;
 use binding::{GONE, Gangs, pod_groups};
 use ultraservers::{Manifests, Run, create_ultraservers};
 
 /// Scenario 33 (see the module docs).
 pub async fn ultraserver_gangs(tb: &impl Testbed, ns: &str) -> Result<()> {
-    for (name, fixture) in ULTRASERVER {
-        tb.ensure_node(name, fixture, &[DriverKind::Neuron]).await?;
-    }
+    aws_claims::start_ultraserver(tb).await?;
     let manifests = Manifests::read(tb)?;
     let result = async {
         real_kubelets::gang_on_kubelets(tb, ns, &manifests)
