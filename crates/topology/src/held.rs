@@ -26,6 +26,8 @@
 //!   answer behind a second try; the caller decides what it means for
 //!   health.
 //!
+//! Directories are held the same way for listing ([`HeldListing`]).
+//!
 //! Limits: a regular file (the generated fixtures) removed or replaced
 //! under a held handle stays readable through it at its old content; only
 //! sysfs (`ENODEV`) and network filesystems (`ESTALE`) make a stale handle
@@ -38,6 +40,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
+
+mod listing;
+pub use listing::{HeldListing, ListingDigest};
 
 /// Longest attribute read as text: sysfs shows at most a page.
 pub const PAGE_BYTES: usize = 4096;

@@ -18,6 +18,8 @@ use std::ffi::OsString;
 use std::io;
 use std::path::Path;
 
+use crate::held::{HeldFile, HeldListing, ListingDigest, PAGE_BYTES};
+
 /// What a driver's discovery depends on, as read now.
 ///
 /// Built by naming what to read, in a fixed order:
@@ -38,6 +40,9 @@ enum Part {
     Exists(bool),
     /// A file's bytes (`None` when it does not exist).
     Contents(Option<Vec<u8>>),
+    /// A held directory's entry count and name digest (none when it does
+    /// not exist).
+    Digest(Option<ListingDigest>),
 }
 
 impl Fingerprint {
@@ -76,6 +81,29 @@ impl Fingerprint {
                 _ => None,
             })
             .unwrap_or_default()
+    }
+
+    /// Adds what a held directory lists now ([`HeldListing::digest`]): the
+    /// cheap form of [`Fingerprint::list`] for a driver that keeps the
+    /// handles between scans and needs no names (no path lookup, no open,
+    /// no allocation per entry).
+    pub fn listed(mut self, dir: &mut HeldListing) -> Self {
+        match dir.digest() {
+            Ok(found) => self.parts.push(Part::Digest(found)),
+            Err(_) => self.unreadable = true,
+        }
+        self
+    }
+
+    /// Adds the contents of a held file ([`HeldFile::read`], one `pread`
+    /// through a held handle); none when it does not exist.
+    pub fn held_contents(mut self, file: &mut HeldFile) -> Self {
+        let mut buf = [0u8; PAGE_BYTES];
+        match file.read(&mut buf) {
+            Ok(bytes) => self.parts.push(Part::Contents(bytes.map(<[u8]>::to_vec))),
+            Err(_) => self.unreadable = true,
+        }
+        self
     }
 
     /// Adds whether `path` exists (without following a link).

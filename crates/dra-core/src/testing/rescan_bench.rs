@@ -16,6 +16,10 @@ pub const WARM_UP: u32 = 20;
 /// The environment variable that evicts the CPU caches between scans.
 pub const COLD_ENV: &str = "RESCAN_BENCH_COLD";
 
+/// The environment variable that replaces the number of timed scans (a
+/// profiler wants thousands; the default keeps `cargo bench` short).
+pub const RUNS_ENV: &str = "RESCAN_BENCH_RUNS";
+
 /// Bytes written between scans to evict the CPU caches.
 const EVICT_BYTES: usize = 64 << 20;
 
@@ -72,6 +76,11 @@ pub fn bench_rescans<T: PartialEq>(
     mut scan: impl FnMut() -> T,
 ) -> RescanFigures {
     let cold = std::env::var_os(COLD_ENV).is_some_and(|v| v == "1");
+    let runs = std::env::var(RUNS_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(runs);
     let figures = time_rescans(runs, cold, first, &mut scan);
     let how = if cold {
         ", caches evicted between rescans"

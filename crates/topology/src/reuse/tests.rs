@@ -147,3 +147,59 @@ fn fingerprints_see_what_they_name() {
     let unreadable = Fingerprint::new().contents(&devices).finish();
     assert!(unreadable.is_none(), "a directory's contents");
 }
+
+/// The held forms read what the path forms read: an entry that comes or
+/// goes, a directory that appears, a module version that changes, each
+/// changes the fingerprint; nothing changed, nothing does; a listing that
+/// fails gives no fingerprint.
+#[test]
+fn held_fingerprints_see_what_they_name() {
+    use crate::held::{HeldFile, HeldListing};
+    let dir = tempfile::tempdir().unwrap();
+    let (devices, dev, module) = (
+        dir.path().join("devices"),
+        dir.path().join("infiniband"),
+        dir.path().join("version"),
+    );
+    std::fs::create_dir(&devices).unwrap();
+    std::fs::write(devices.join("a"), "").unwrap();
+    std::fs::write(&module, "2.1\n").unwrap();
+    let mut held = (
+        HeldListing::new(&devices),
+        HeldListing::new(&dev),
+        HeldFile::new(&module),
+    );
+    let mut read = || {
+        Fingerprint::new()
+            .listed(&mut held.0)
+            .listed(&mut held.1)
+            .held_contents(&mut held.2)
+            .finish()
+    };
+    let before = read().unwrap();
+    assert_eq!(read().unwrap(), before, "nothing changed");
+    std::fs::write(devices.join("b"), "").unwrap();
+    let added = read().unwrap();
+    assert_ne!(added, before, "an entry came");
+    std::fs::create_dir(&dev).unwrap();
+    let made = read().unwrap();
+    assert_ne!(made, added, "a directory appeared (empty)");
+    std::fs::write(dev.join("uverbs0"), "").unwrap();
+    let node = read().unwrap();
+    assert_ne!(node, made, "a node came");
+    // In place, as sysfs shows a new value through the same handle.
+    std::fs::write(&module, "2.2\n").unwrap();
+    let reloaded = read().unwrap();
+    assert_ne!(reloaded, node, "the module's version changed");
+    std::fs::remove_file(devices.join("b")).unwrap();
+    let gone = read().unwrap();
+    assert_eq!(
+        gone.parts[0], before.parts[0],
+        "the entry went: as at first"
+    );
+    assert_eq!(gone.parts[1..], reloaded.parts[1..]);
+
+    let mut file = HeldListing::new(&module);
+    let not_a_dir = Fingerprint::new().listed(&mut file).finish();
+    assert!(not_a_dir.is_none(), "a file where a directory is named");
+}
