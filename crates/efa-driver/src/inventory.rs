@@ -4,7 +4,7 @@
 //! `infiniband` and `infiniband_verbs` subsystems (add, remove, bind,
 //! unbind, change) and on the periodic rescan; see the rescan loop of `dra-core`. A
 //! discovery reads a few files per PCI function; a scan makes one only when
-//! the fingerprint (five directory listings and the `efa` module's
+//! the fingerprint (five directories and the `efa` module's
 //! version) changed, or every [`FULL_SCAN_EVERY`] scans, and reuses the
 //! last one otherwise (see `benches/rescan.rs` for the measured cost).
 //! Health is read on every scan. An EFA that is present but unusable is logged once when
@@ -27,6 +27,7 @@ use dra_core::{
 };
 use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use topology::held::{HeldFile, HeldListing};
 use topology::reuse::{DiscoveryCache, Fingerprint};
 use topology::{PciAddress, SysfsRoot};
 
@@ -103,6 +104,8 @@ pub struct EfaInventory {
     /// The last discovery and the devices built from it, reused while
     /// nothing it depends on changed.
     discoveries: DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Device>)>,
+    /// What the fingerprint of [`Self::discoveries`] reads.
+    fingerprint: FingerprintFiles,
     /// `--sharing`, the flag in effect (the Node's label may replace it),
     /// and whether EFAs are shared by capacity.
     sharing_arg: SharingFlag,
@@ -118,20 +121,42 @@ pub const FULL_SCAN_EVERY: u32 = DiscoveryCache::<(), ()>::DEFAULT_FULL_EVERY;
 /// What changes when an EFA comes, goes, binds or unbinds, or its kernel
 /// driver is reloaded: the names in the PCI device list, the `infiniband`
 /// and `infiniband_verbs` classes, the `efa` driver's bound functions and
-/// `/dev/infiniband`, and the `efa` module's version. Reading it costs five
-/// directory listings and one file, against a few files per PCI function
-/// (120 on a p5) for a discovery: most of an idle rescan's cost. `None`
-/// when something could not be read (then nothing is reused).
-fn fingerprint(root: &SysfsRoot, dev_root: &std::path::Path) -> Option<Fingerprint> {
-    let efa = discovery::EFA_KERNEL_DRIVER;
-    Fingerprint::new()
-        .list(root.pci_devices_dir())
-        .list(root.class_dir("infiniband"))
-        .list(root.class_dir("infiniband_verbs"))
-        .list(root.join("bus/pci/drivers").join(efa))
-        .list(dev_root.join("infiniband"))
-        .contents(root.join("module").join(efa).join("version"))
-        .finish()
+/// `/dev/infiniband`, and the `efa` module's version. The five directories
+/// and the version file are held open between scans
+/// ([`topology::held::HeldListing`], [`HeldFile`]): a scan at rest rewinds
+/// and reads each directory and `pread`s the version, with no path lookup,
+/// open or close, and keeps a digest of each listing, not its names. That
+/// against a few files per PCI function (120 on a p5) for a discovery.
+#[derive(Debug)]
+struct FingerprintFiles {
+    listings: [HeldListing; 5],
+    module_version: HeldFile,
+}
+
+impl FingerprintFiles {
+    fn new(root: &SysfsRoot, dev_root: &std::path::Path) -> Self {
+        let efa = discovery::EFA_KERNEL_DRIVER;
+        FingerprintFiles {
+            listings: [
+                HeldListing::new(root.pci_devices_dir()),
+                HeldListing::new(root.class_dir("infiniband")),
+                HeldListing::new(root.class_dir("infiniband_verbs")),
+                HeldListing::new(root.join("bus/pci/drivers").join(efa)),
+                HeldListing::new(dev_root.join("infiniband")),
+            ],
+            module_version: HeldFile::new(root.join("module").join(efa).join("version")),
+        }
+    }
+
+    /// The fingerprint now; `None` when something could not be read (then
+    /// nothing is reused).
+    fn read(&mut self) -> Option<Fingerprint> {
+        let read = self
+            .listings
+            .iter_mut()
+            .fold(Fingerprint::new(), |fp, dir| fp.listed(dir));
+        read.held_contents(&mut self.module_version).finish()
+    }
 }
 
 impl EfaInventory {
@@ -145,6 +170,7 @@ impl EfaInventory {
             samples: BTreeMap::new(),
             counters: BTreeMap::new(),
             discoveries: DiscoveryCache::new(FULL_SCAN_EVERY),
+            fingerprint: FingerprintFiles::new(&SysfsRoot::new(&host.sysfs_root), &host.dev_root),
             sharing_arg: SharingFlag::Exclusive,
             sharing_flag: SharingFlag::Exclusive,
             shared: false,
@@ -166,30 +192,106 @@ impl EfaInventory {
         attributes::published_devices(found, self.shared)
     }
 
-    /// Warns once per EFA and reason; forgets EFAs that recovered or left.
-    /// The EFAs and their published attributes: discovered again when the
-    /// [`Fingerprint`] changed or after [`FULL_SCAN_EVERY`] scans, else the
-    /// last discovery. Health is read on every scan whatever this returns.
-    fn discover(&mut self) -> Result<(discovery::Discovery, Vec<Device>), InventoryError> {
-        let fingerprint = fingerprint(&self.root, &self.dev_root);
-        // Out of `self` for the call, so that a discovery can build the
-        // devices with `self`'s settings.
-        let mut discoveries = std::mem::take(&mut self.discoveries);
-        let found = discoveries
-            .get(fingerprint, || {
-                let found = discovery::discover(&self.root)?;
-                let devices = self.devices_of(&found);
-                Ok::<_, InventoryError>((found, devices))
-            })
-            .map(|l| (l.discovered, l.value.clone()));
-        self.discoveries = discoveries;
-        let (discovered, found) = found?;
-        if discovered {
+    /// Every usable EFA with its health, from `discoveries`: discovered
+    /// again when the fingerprint changed or after [`FULL_SCAN_EVERY`]
+    /// scans, else the last discovery, borrowed (each device is copied once,
+    /// into the scan's answer). Health is read on every scan.
+    fn scan_with(
+        &mut self,
+        discoveries: &mut DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Device>)>,
+    ) -> Result<Vec<ScannedDevice>, InventoryError> {
+        let fingerprint = self.fingerprint.read();
+        let lookup = discoveries.get(fingerprint, || {
+            let found = discovery::discover(&self.root)?;
+            let devices = self.devices_of(&found);
+            Ok::<_, InventoryError>((found, devices))
+        })?;
+        let (found, devices) = &*lookup.value;
+        if lookup.discovered {
             self.counters.clear();
+            // What is unusable changes only with a discovery.
+            self.note_unusable(&found.unusable);
         }
-        Ok(found)
+        let now = Instant::now();
+        let ib_class = self.root.class_dir("infiniband");
+        // At rest every map below already holds every EFA: updated in
+        // place, with no name copied (a scan used to copy each name four
+        // times and build two maps anew).
+        let mut out: Vec<ScannedDevice> = Vec::with_capacity(devices.len());
+        for (efa, device) in found.efas.iter().zip(devices) {
+            let name = &device.name;
+            if !self.counters.contains_key(name) {
+                let dirs = EfaCounters::new(ib_class.join(&efa.rdma_device));
+                self.counters.insert(name.clone(), dirs);
+            }
+            let Some(dirs) = self.counters.get_mut(name) else {
+                continue;
+            };
+            let (conditions, sample) = health::read(dirs, self.samples.get(name), now);
+            match (sample, self.samples.get_mut(name)) {
+                (Some(sample), Some(slot)) => *slot = sample,
+                (Some(sample), None) => {
+                    self.samples.insert(name.clone(), sample);
+                }
+                (None, _) => {
+                    self.samples.remove(name);
+                }
+            }
+            // A reused discovery's devices are as published at its first
+            // scan; a new one's are compared before they are copied.
+            if lookup.discovered && self.published.get(name) != Some(device) {
+                self.published.insert(name.clone(), device.clone());
+            }
+            out.push(ScannedDevice {
+                device: device.clone(),
+                health: DeviceHealth { conditions },
+            });
+        }
+        let scanned = |name: &str| out.iter().any(|s| s.device.name == name);
+        if self.samples.len() > out.len() {
+            let gone: Vec<String> = self
+                .samples
+                .keys()
+                .filter(|n| !scanned(n))
+                .cloned()
+                .collect();
+            for name in gone {
+                self.samples.remove(&name);
+            }
+        }
+        // Every EFA found is in `published`, so only more entries there
+        // than EFAs found can mean one that vanished or was unbound.
+        if self.published.len() > out.len() {
+            let lost: Vec<ScannedDevice> = self
+                .published
+                .iter()
+                .filter(|(name, _)| !scanned(name))
+                .map(|(name, device)| {
+                    let unbound = self
+                        .unusable
+                        .keys()
+                        .any(|a| attributes::device_name(*a) == *name);
+                    ScannedDevice {
+                        device: device.clone(),
+                        health: DeviceHealth {
+                            conditions: vec![HealthCondition {
+                                dimension: "device-lost".into(),
+                                severity: Severity::Fatal,
+                                value: if unbound { "unbound" } else { "vanished" }.into(),
+                            }],
+                        },
+                    }
+                })
+                .collect();
+            out.extend(lost);
+        }
+        if !out.is_sorted_by(|a, b| a.device.name <= b.device.name) {
+            out.sort_by(|a, b| a.device.name.cmp(&b.device.name));
+        }
+        Ok(out)
     }
 
+    /// Warns once per EFA and reason; forgets EFAs that recovered or left.
     fn note_unusable(&mut self, now: &[discovery::UnusableEfa]) {
         let mut next = BTreeMap::new();
         for u in now {
@@ -267,58 +369,12 @@ impl DeviceInventory for EfaInventory {
     /// Every usable EFA with its health, and every EFA published before
     /// that is now gone or unbound (tainted `device-lost`), in name order.
     fn scan(&mut self) -> Result<Vec<ScannedDevice>, InventoryError> {
-        let (found, devices) = self.discover()?;
-        self.note_unusable(&found.unusable);
-        let now = Instant::now();
-        let ib_class = self.root.class_dir("infiniband");
-        let mut samples = BTreeMap::new();
-        let mut out: BTreeMap<String, ScannedDevice> = BTreeMap::new();
-        for (efa, device) in found.efas.iter().zip(devices) {
-            let dirs = self
-                .counters
-                .entry(device.name.clone())
-                .or_insert_with(|| EfaCounters::new(ib_class.join(&efa.rdma_device)));
-            let (conditions, sample) = health::read(dirs, self.samples.get(&device.name), now);
-            if let Some(sample) = sample {
-                samples.insert(device.name.clone(), sample);
-            }
-            // Compared before it is copied: at rest every EFA is as published,
-            // and the copy was made and dropped for every EFA on every scan.
-            if self.published.get(&device.name) != Some(&device) {
-                self.published.insert(device.name.clone(), device.clone());
-            }
-            out.insert(
-                device.name.clone(),
-                ScannedDevice {
-                    device,
-                    health: DeviceHealth { conditions },
-                },
-            );
-        }
-        for (name, device) in &self.published {
-            if out.contains_key(name) {
-                continue;
-            }
-            let unbound = self
-                .unusable
-                .keys()
-                .any(|a| attributes::device_name(*a) == *name);
-            out.insert(
-                name.clone(),
-                ScannedDevice {
-                    device: device.clone(),
-                    health: DeviceHealth {
-                        conditions: vec![HealthCondition {
-                            dimension: "device-lost".into(),
-                            severity: Severity::Fatal,
-                            value: if unbound { "unbound" } else { "vanished" }.into(),
-                        }],
-                    },
-                },
-            );
-        }
-        self.samples = samples;
-        Ok(out.into_values().collect())
+        // Out of `self` for the call, so that a discovery can build the
+        // devices with `self`'s settings while the scan reads the last one.
+        let mut discoveries = std::mem::take(&mut self.discoveries);
+        let scanned = self.scan_with(&mut discoveries);
+        self.discoveries = discoveries;
+        scanned
     }
 }
 
