@@ -12,7 +12,8 @@
 //!   elsewhere (fixtures), and for health signals that only a read shows
 //!   (error counters send no uevent).
 //!
-//! A scan runs on a blocking thread (sysfs reads and ioctls block). The
+//! The loop runs on a thread of its own, which scans too (sysfs reads and
+//! ioctls block; see `serve` for why not on the async runtime). The
 //! device list goes to the publisher only when it differs from the last one
 //! sent, so steady state writes nothing. Health goes to kubelet's health
 //! stream when a device's state or message changed, and otherwise once
@@ -232,6 +233,24 @@ pub(crate) fn scan_with_taints<I: DeviceInventory>(
     })
 }
 
+/// What one scan of the inventory found.
+struct Scan {
+    scanned: Vec<ScannedDevice>,
+    counter_sets: Vec<k8s_openapi::api::resource::v1::CounterSet>,
+    node_labels: crate::publish::node_labels::NodeLabels,
+}
+
+/// Scans `inventory` on the calling thread (sysfs reads block).
+fn scan_inventory<I: DeviceInventory>(inventory: &Mutex<I>) -> Result<Scan, I::Error> {
+    let mut inventory = inventory.lock().unwrap_or_else(|e| e.into_inner());
+    let scanned = inventory.scan()?;
+    Ok(Scan {
+        scanned,
+        counter_sets: inventory.counter_sets(),
+        node_labels: inventory.node_labels(),
+    })
+}
+
 impl<I: NodeDriver> Rescanner<I> {
     /// The inventory's driver.
     pub(crate) fn driver(&self) -> I::Driver {
@@ -295,14 +314,28 @@ impl<I: DeviceInventory> Rescanner<I> {
     pub async fn rescan(&self, trigger: Trigger) -> Result<bool, RescanError<I::Error>> {
         let started = Instant::now();
         let inventory = self.inventory.clone();
-        let (mut scanned, counter_sets, node_labels) = tokio::task::spawn_blocking(move || {
-            let mut inventory = inventory.lock().unwrap_or_else(|e| e.into_inner());
-            inventory
-                .scan()
-                .map(|s| (s, inventory.counter_sets(), inventory.node_labels()))
-        })
-        .await?
-        .map_err(RescanError::Scan)?;
+        let scan = tokio::task::spawn_blocking(move || scan_inventory(&inventory))
+            .await?
+            .map_err(RescanError::Scan)?;
+        Ok(self.publish(trigger, started, scan))
+    }
+
+    /// [`Self::rescan`] on the calling thread (the rescan thread's).
+    pub(crate) fn rescan_here(&self, trigger: Trigger) -> Result<bool, I::Error> {
+        let started = Instant::now();
+        let scan = scan_inventory(&self.inventory)?;
+        Ok(self.publish(trigger, started, scan))
+    }
+
+    /// Sends what a scan found where it changed: the taints it sets, the
+    /// health report, the device list, the Node labels; `true` when the
+    /// device list changed.
+    fn publish(&self, trigger: Trigger, started: Instant, scan: Scan) -> bool {
+        let Scan {
+            mut scanned,
+            counter_sets,
+            node_labels,
+        } = scan;
         self.node_labels.send_if_modified(|current| {
             let changed = *current != node_labels;
             *current = node_labels;
@@ -313,16 +346,17 @@ impl<I: DeviceInventory> Rescanner<I> {
             m.rescan_seconds.observe(started.elapsed().as_secs_f64());
             m.devices
                 .set(i64::try_from(scanned.len()).unwrap_or(i64::MAX));
-            m.devices_by_health.reset();
             // Every state is exported, 0 included, so a dashboard can plot
-            // unhealthy devices before the first one breaks.
-            for state in ["healthy", "degraded", "unhealthy"] {
-                m.devices_by_health.with_label_values(&[state]).set(0);
-            }
-            for s in &scanned {
+            // unhealthy devices before the first one breaks; counted first,
+            // then three gauges set (not one update per device per scan).
+            for state in HEALTH_STATES {
+                let n = scanned
+                    .iter()
+                    .filter(|s| state_label(&s.health) == state)
+                    .count();
                 m.devices_by_health
-                    .with_label_values(&[state_label(&s.health)])
-                    .inc();
+                    .with_label_values(&[state])
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
             }
         }
         let transitions = self
@@ -338,12 +372,13 @@ impl<I: DeviceInventory> Rescanner<I> {
                     .inc();
             }
         }
-        let health = self.health_statuses(&scanned);
         let timeout = self.health_timeout.unwrap_or(KUBELET_HEALTH_TIMEOUT);
         self.health.send_if_modified(|sent| {
-            let send = !same_health(sent, &health) || refresh_due(sent, timeout);
+            // Compared with the scan as it is; the report is built only
+            // when it goes.
+            let send = !self.reports_the_same(sent, &scanned) || refresh_due(sent, timeout);
             if send {
-                *sent = health;
+                *sent = self.health_statuses(&scanned);
             }
             send
         });
@@ -351,7 +386,7 @@ impl<I: DeviceInventory> Rescanner<I> {
             devices: scanned.into_iter().map(|s| s.device).collect(),
             counter_sets,
         };
-        let changed = self.devices.send_if_modified(|current| {
+        self.devices.send_if_modified(|current| {
             if *current == content {
                 return false;
             }
@@ -364,8 +399,20 @@ impl<I: DeviceInventory> Rescanner<I> {
             );
             *current = content;
             true
-        });
-        Ok(changed)
+        })
+    }
+
+    /// Does report `sent` say of the same devices what `scanned` would
+    /// (timestamps aside)?
+    fn reports_the_same(&self, sent: &[DeviceHealthStatus], scanned: &[ScannedDevice]) -> bool {
+        sent.len() == scanned.len()
+            && sent.iter().zip(scanned).all(|(r, s)| {
+                r.pool == self.pool
+                    && r.device == s.device.name
+                    && r.state == s.health.state()
+                    && r.health_check_timeout == self.health_timeout
+                    && r.message == s.health.message()
+            })
     }
 
     fn health_statuses(&self, scanned: &[ScannedDevice]) -> Vec<DeviceHealthStatus> {
@@ -382,76 +429,13 @@ impl<I: DeviceInventory> Rescanner<I> {
             })
             .collect()
     }
-
-    /// Rescans on every trigger and every `config.interval` until every
-    /// receiver of the device feed is gone. The caller has already scanned
-    /// once ([`Trigger::Start`]). For tests: the daemon serves a shared
-    /// rescanner (`serve_triggers`).
-    #[cfg(any(test, feature = "testing"))]
-    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
-    pub async fn run(self, triggers: mpsc::Receiver<Trigger>, config: RescanConfig) {
-        self.serve_triggers(triggers, config).await
-    }
-
-    /// Rescans on every trigger and every `config.interval`, on a shared
-    /// rescanner: the daemon rescans once more itself when the API server
-    /// has answered.
-    pub(crate) async fn serve_triggers(
-        &self,
-        mut triggers: mpsc::Receiver<Trigger>,
-        config: RescanConfig,
-    ) {
-        let mut interval = tokio::time::interval(config.interval);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        interval.tick().await; // the first tick is immediate
-        let mut events_open = true;
-        loop {
-            let trigger = tokio::select! {
-                _ = self.devices.closed() => return,
-                _ = interval.tick() => Trigger::Interval,
-                t = triggers.recv(), if events_open => match t {
-                    Some(t) => {
-                        // Let the rest of the burst arrive, then drain it.
-                        tokio::time::sleep(config.settle).await;
-                        while triggers.try_recv().is_ok() {}
-                        t
-                    }
-                    None => {
-                        events_open = false;
-                        continue;
-                    }
-                },
-            };
-            if let Err(error) = self.rescan(trigger).await {
-                tracing::warn!(%error, trigger = trigger.label(), "rescan failed; keeping the published devices");
-            }
-        }
-    }
 }
+
+/// The states of `<prefix>_devices_by_health`.
+const HEALTH_STATES: [&str; 3] = ["healthy", "degraded", "unhealthy"];
 
 /// Kubelet's health-check timeout for a device reported without one.
 const KUBELET_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Do two health reports say the same of the same devices (timestamps
-/// aside)?
-fn same_health(a: &[DeviceHealthStatus], b: &[DeviceHealthStatus]) -> bool {
-    a.len() == b.len()
-        && a.iter().zip(b).all(|(a, b)| {
-            (
-                &a.pool,
-                &a.device,
-                a.state,
-                &a.message,
-                a.health_check_timeout,
-            ) == (
-                &b.pool,
-                &b.device,
-                b.state,
-                &b.message,
-                b.health_check_timeout,
-            )
-        })
-}
 
 /// Is the last report `sent` half `timeout` old (or older), so that kubelet
 /// must hear of the devices again before it turns them Unknown?
@@ -485,6 +469,8 @@ pub(crate) fn forward_kernel_uevents(
         ),
     }
 }
+
+mod serve;
 
 #[cfg(test)]
 mod tests;

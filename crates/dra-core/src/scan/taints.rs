@@ -134,6 +134,12 @@ impl TaintBook {
         let mut transitions = Vec::new();
         let mut next = BTreeMap::new();
         for s in scanned.iter_mut() {
+            if s.health.conditions.is_empty() && !self.published.contains_key(&s.device.name) {
+                // Healthy and untainted before: nothing changes, nothing is
+                // kept (most devices on most scans).
+                s.device.taints = None;
+                continue;
+            }
             let name = s.device.name.clone();
             let before = self.published.remove(&name).unwrap_or_default();
             let mut after: BTreeMap<String, Published> = BTreeMap::new();

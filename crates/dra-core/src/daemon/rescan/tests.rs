@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 struct Hardware {
     state: Arc<Mutex<Result<Vec<ScannedDevice>, String>>>,
     scans: Arc<AtomicUsize>,
+    /// Scans left that panic.
+    panics: Arc<AtomicUsize>,
 }
 
 impl Default for Hardware {
@@ -17,6 +19,7 @@ impl Default for Hardware {
         Hardware {
             state: Arc::new(Mutex::new(Ok(Vec::new()))),
             scans: Arc::default(),
+            panics: Arc::default(),
         }
     }
 }
@@ -79,6 +82,13 @@ impl DeviceInventory for Hardware {
     }
     fn scan(&mut self) -> Result<Vec<ScannedDevice>, ScanFailed> {
         self.scans.fetch_add(1, Ordering::SeqCst);
+        if self
+            .panics
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            panic!("a scan panics");
+        }
         self.state.lock().unwrap().clone().map_err(ScanFailed)
     }
 }
@@ -309,6 +319,35 @@ async fn the_interval_rescans_without_events() {
         .await
         .expect("the interval rescanned")
         .unwrap();
+}
+
+/// The loop runs on a thread of its own: a scan that panics is one failed
+/// rescan, and the next one publishes.
+#[tokio::test]
+async fn a_scan_that_panics_does_not_end_the_loop() {
+    let hw = Hardware::default();
+    hw.set(&["a"]);
+    let (rescanner, feeds) = rescanner_of(&hw, "n", None, None);
+    rescanner.rescan(Trigger::Start).await.unwrap();
+    let (_trigger_tx, trigger_rx) = mpsc::channel(1);
+    let config = RescanConfig {
+        interval: Duration::from_millis(50),
+        settle: UEVENT_SETTLE,
+    };
+    hw.panics.store(2, Ordering::SeqCst);
+    let task = tokio::spawn(rescanner.run(trigger_rx, config));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while hw.panics.load(Ordering::SeqCst) > 0 {
+        assert!(std::time::Instant::now() < deadline, "no scan ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    hw.set(&["a", "c"]);
+    let mut devices = feeds.devices.clone();
+    tokio::time::timeout(Duration::from_secs(10), devices.wait_for(|d| d.len() == 2))
+        .await
+        .expect("rescanned after two panics")
+        .unwrap();
+    assert!(!task.is_finished());
 }
 
 #[test]
