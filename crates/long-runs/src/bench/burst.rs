@@ -13,6 +13,14 @@
 //!   summed seconds), which must agree with the log's calls;
 //! - the pods as the API shows them: all created at once → the last one
 //!   Running, and deletion → the last one gone.
+//!
+//! And what the node's CPUs did meanwhile: from all pods created to the last
+//! one Running, the CPU time the whole machine spent busy (`/proc/stat`:
+//! every state but idle and iowait), against what its CPUs could give in
+//! that time, and the driver's own CPU time (`/proc/<pid>/stat`). A burst
+//! whose machine was busy all along is bound by the work of starting the
+//! pods (kubelet, containerd, runc, the control plane), which both drivers'
+//! pods need alike; the driver's share says what the driver adds to it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -143,6 +151,16 @@ pub struct Burst {
     pub created_to_last_running_ms: f64,
     /// All pods deleted (at once) → the last one observed gone, ms.
     pub deleted_to_last_gone_ms: f64,
+    /// CPU time the machine spent busy from all pods created to the last
+    /// one Running, all CPUs together, ms (`None` in reports from before).
+    #[serde(default)]
+    pub node_busy_ms: Option<f64>,
+    /// The machine's CPUs (what `node_busy_ms` is measured against).
+    #[serde(default)]
+    pub node_cpus: usize,
+    /// The driver's own CPU time in the same window, ms.
+    #[serde(default)]
+    pub driver_cpu_ms: Option<f64>,
 }
 
 impl Burst {
@@ -179,6 +197,8 @@ pub struct Target<'a> {
     pub short: &'a str,
     /// A CEL selector of the claims' request, if any.
     pub selector: Option<&'a str>,
+    /// The driver's process, for its CPU time in the burst.
+    pub pid: Option<i32>,
 }
 
 /// Runs burst `index` of `pods` pods on `target`.
@@ -195,6 +215,7 @@ pub async fn run_burst(
         class,
         short,
         selector,
+        pid,
     } = *target;
     let label = format!("{short}-{pods}-{index}");
     let names: Vec<String> = (0..pods).map(|i| format!("burst-{label}-{i:02}")).collect();
@@ -227,6 +248,10 @@ pub async fn run_burst(
         }
     }
     let created_at = Instant::now();
+    let cpu_before = (
+        node_busy_seconds(),
+        pid.and_then(super::idle::proc_cpu_seconds),
+    );
     let pods_to_create = names
         .iter()
         .map(|name| rounds::pod(name, node, json!({"burst": label})))
@@ -261,6 +286,13 @@ pub async fn run_burst(
         }
     }
     let created_to_last_running_ms = last_running.duration_since(created_at).as_secs_f64() * 1e3;
+    // Read once all are Running (a watch event later than the last one's
+    // transition by at most its delivery).
+    let cpu_after = (
+        node_busy_seconds(),
+        pid.and_then(super::idle::proc_cpu_seconds),
+    );
+    let busy = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a) * 1e3);
     let prepared = kubelet_metrics(client, node).await?;
 
     let deleted_at = Instant::now();
@@ -338,7 +370,31 @@ pub async fn run_burst(
         unprepare_hist_s,
         created_to_last_running_ms,
         deleted_to_last_gone_ms,
+        node_busy_ms: busy(cpu_before.0, cpu_after.0),
+        node_cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        driver_cpu_ms: busy(cpu_before.1, cpu_after.1),
     })
+}
+
+/// CPU time the machine has spent busy since boot, all CPUs together,
+/// seconds: the first line of `/proc/stat` less its idle and iowait.
+fn node_busy_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    busy_from_stat(&stat).map(|ticks| ticks as f64 / super::idle::clock_ticks())
+}
+
+fn busy_from_stat(stat: &str) -> Option<u64> {
+    let line = stat.lines().next()?;
+    let ticks: Vec<u64> = line
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(|t| t.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is in user).
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal, ..] = ticks[..] else {
+        return None;
+    };
+    Some(user + nice + system + irq + softirq + steal)
 }
 
 fn read_from(path: &Path, offset: u64) -> Result<String> {
@@ -416,6 +472,18 @@ mod tests {
         let un = kubelet_calls(&log, "d", "NodeUnprepareResources");
         assert_eq!(un.len(), 1);
         assert!((un[0].end - un[0].start - 0.01).abs() < 1e-9);
+    }
+
+    #[test]
+    fn busy_time_leaves_out_idle_and_iowait() {
+        let stat = "cpu  100 5 50 9000 40 3 2 1 0 0\ncpu0 50 2 25 4500 20 1 1 0 0 0\n";
+        assert_eq!(busy_from_stat(stat), Some(100 + 5 + 50 + 3 + 2 + 1));
+        assert_eq!(
+            busy_from_stat("cpu0 1 2 3 4 5 6 7 8\n"),
+            None,
+            "not the total"
+        );
+        assert_eq!(busy_from_stat("cpu  1 2 3\n"), None, "too few fields");
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub fn proc_cpu_seconds(pid: i32) -> Option<f64> {
     cpu_seconds_from_stat(&stat, clock_ticks())
 }
 
-fn clock_ticks() -> f64 {
+pub(super) fn clock_ticks() -> f64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()

@@ -316,11 +316,12 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
                     class: s.class,
                     short: s.short,
                     selector: None,
+                    pid: Some(s.pid),
                 };
                 let b = burst::run_burst(&client, &target, pods, i).await?;
                 let st = b.prepare_stats();
                 eprintln!(
-                    "bench: burst {pods:>2} #{} {:<12} prepare calls {} p50 {:>7.2} ms max {:>7.2} ms span {:>7.1} ms; created -> last Running {:>6.0} ms; unprepare span {:>7.1} ms",
+                    "bench: burst {pods:>2} #{} {:<12} prepare calls {} p50 {:>7.2} ms max {:>7.2} ms span {:>7.1} ms; created -> last Running {:>6.0} ms (node CPUs {} busy, driver {} ms CPU); unprepare span {:>7.1} ms",
                     i + 1,
                     s.label,
                     st.n,
@@ -328,6 +329,11 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
                     st.max,
                     b.prepare_span_ms,
                     b.created_to_last_running_ms,
+                    b.node_busy_ms.map_or("?".into(), |ms| format!(
+                        "{:.0}%",
+                        100.0 * ms / (b.created_to_last_running_ms * b.node_cpus.max(1) as f64)
+                    )),
+                    b.driver_cpu_ms.map_or("?".into(), |ms| format!("{ms:.0}")),
                     b.unprepare_span_ms
                 );
                 bursts.push(b);

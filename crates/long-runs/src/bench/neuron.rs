@@ -177,6 +177,7 @@ async fn run_mode(
         class: kind.driver_name(),
         short: "neuron",
         selector: Some(CHIPS),
+        pid: None,
     };
     let mut bursts = Vec::new();
     for &pods in &options.bursts {

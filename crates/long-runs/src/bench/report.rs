@@ -219,6 +219,11 @@ pub struct BurstFigures {
     pub unprepare_span_ms: Stats,
     pub created_to_last_running_ms: Stats,
     pub deleted_to_last_gone_ms: Stats,
+    /// Per burst with the figure: how busy the machine's CPUs were from
+    /// creation to the last Running, 0..1.
+    pub node_busy_share: Stats,
+    /// Per burst with the figure: the driver's CPU time in that window, ms.
+    pub driver_cpu_ms: Stats,
 }
 
 impl BurstFigures {
@@ -241,6 +246,23 @@ impl BurstFigures {
             unprepare_span_ms: each(|b| b.unprepare_span_ms),
             created_to_last_running_ms: each(|b| b.created_to_last_running_ms),
             deleted_to_last_gone_ms: each(|b| b.deleted_to_last_gone_ms),
+            node_busy_share: Stats::of(
+                &bursts
+                    .iter()
+                    .filter_map(|b| {
+                        let capacity = b.created_to_last_running_ms * b.node_cpus as f64;
+                        b.node_busy_ms
+                            .filter(|_| capacity > 0.0)
+                            .map(|busy| busy / capacity)
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            driver_cpu_ms: Stats::of(
+                &bursts
+                    .iter()
+                    .filter_map(|b| b.driver_cpu_ms)
+                    .collect::<Vec<_>>(),
+            ),
         }
     }
 }
@@ -326,6 +348,22 @@ impl BenchReport {
                 o.deleted_to_last_gone_ms.p50,
                 r.deleted_to_last_gone_ms.p50,
             );
+            if o.driver_cpu_ms.n > 0 && r.driver_cpu_ms.n > 0 {
+                row(
+                    format!("N={pods} driver CPU till last Running p50"),
+                    o.driver_cpu_ms.p50,
+                    r.driver_cpu_ms.p50,
+                );
+            }
+            if o.node_busy_share.n > 0 && r.node_busy_share.n > 0 {
+                out.push(format!(
+                    "{:<46} {:>16} {:>16} {:>8}",
+                    format!("N={pods} node CPUs busy till last Running p50"),
+                    format!("{:.0}%", o.node_busy_share.p50 * 100.0),
+                    format!("{:.0}%", r.node_busy_share.p50 * 100.0),
+                    ratio(o.node_busy_share.p50, r.node_busy_share.p50)
+                ));
+            }
         }
         out
     }
