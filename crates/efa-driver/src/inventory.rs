@@ -161,8 +161,10 @@ impl FingerprintFiles {
 
 impl EfaInventory {
     pub fn new(host: &HostPaths, metrics: Option<EfaMetrics>) -> Self {
+        let root = SysfsRoot::new(&host.sysfs_root);
         EfaInventory {
-            root: SysfsRoot::new(&host.sysfs_root),
+            fingerprint: FingerprintFiles::new(&root, &host.dev_root),
+            root,
             dev_root: host.dev_root.clone(),
             unusable: BTreeMap::new(),
             metrics,
@@ -170,7 +172,6 @@ impl EfaInventory {
             samples: BTreeMap::new(),
             counters: BTreeMap::new(),
             discoveries: DiscoveryCache::new(FULL_SCAN_EVERY),
-            fingerprint: FingerprintFiles::new(&SysfsRoot::new(&host.sysfs_root), &host.dev_root),
             sharing_arg: SharingFlag::Exclusive,
             sharing_flag: SharingFlag::Exclusive,
             shared: false,

@@ -260,12 +260,25 @@ async fn unchanged_health_is_refreshed_at_half_the_timeout() {
     assert_eq!(again.state, HealthState::Healthy);
 }
 
-#[tokio::test]
-async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
+/// Hardware with one device, "a", and a rescanner of it (pool "n") that
+/// has scanned once, as the daemon does before it starts the loop.
+async fn scanned_once() -> (Hardware, Rescanner<Hardware>, DeviceFeeds) {
     let hw = Hardware::default();
     hw.set(&["a"]);
     let (rescanner, feeds) = rescanner_of(&hw, "n", None, None);
     rescanner.rescan(Trigger::Start).await.unwrap();
+    (hw, rescanner, feeds)
+}
+
+/// A loop that rescans every 50 ms.
+const EVERY_50_MS: RescanConfig = RescanConfig {
+    interval: Duration::from_millis(50),
+    settle: UEVENT_SETTLE,
+};
+
+#[tokio::test]
+async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
+    let (hw, rescanner, feeds) = scanned_once().await;
     let (trigger_tx, trigger_rx) = mpsc::channel(1);
     let config = RescanConfig {
         interval: Duration::from_secs(3600),
@@ -303,15 +316,9 @@ async fn the_loop_follows_interval_and_uevents_and_stops_with_its_receivers() {
 
 #[tokio::test]
 async fn the_interval_rescans_without_events() {
-    let hw = Hardware::default();
-    hw.set(&["a"]);
-    let (rescanner, feeds) = rescanner_of(&hw, "n", None, None);
-    rescanner.rescan(Trigger::Start).await.unwrap();
+    let (hw, rescanner, feeds) = scanned_once().await;
     let (_trigger_tx, trigger_rx) = mpsc::channel(1);
-    let config = RescanConfig {
-        interval: Duration::from_millis(50),
-        settle: UEVENT_SETTLE,
-    };
+    let config = EVERY_50_MS;
     tokio::spawn(rescanner.run(trigger_rx, config));
     hw.set(&["a", "c"]);
     let mut devices = feeds.devices.clone();
@@ -325,15 +332,9 @@ async fn the_interval_rescans_without_events() {
 /// rescan, and the next one publishes.
 #[tokio::test]
 async fn a_scan_that_panics_does_not_end_the_loop() {
-    let hw = Hardware::default();
-    hw.set(&["a"]);
-    let (rescanner, feeds) = rescanner_of(&hw, "n", None, None);
-    rescanner.rescan(Trigger::Start).await.unwrap();
+    let (hw, rescanner, feeds) = scanned_once().await;
     let (_trigger_tx, trigger_rx) = mpsc::channel(1);
-    let config = RescanConfig {
-        interval: Duration::from_millis(50),
-        settle: UEVENT_SETTLE,
-    };
+    let config = EVERY_50_MS;
     hw.panics.store(2, Ordering::SeqCst);
     let task = tokio::spawn(rescanner.run(trigger_rx, config));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
