@@ -51,12 +51,8 @@ struct KarpenterArgs {
     /// one is created, seconds.
     #[arg(long, default_value_t = 30)]
     unsatisfiable_window: u64,
-    /// Kubernetes release (a minor such as `1.37`, or an exact version).
-    #[arg(long, default_value_t = format!("1.{}", local_cluster::versions::MAIN_MINOR))]
-    kubernetes: String,
-    /// Where the JSON report goes (relative to the repository root).
-    #[arg(long, default_value = ".e2e")]
-    work_dir: PathBuf,
+    #[command(flatten)]
+    target: crate::long_run::RunTarget,
     /// Build Karpenter and the KWOK controller (minutes, the first time)
     /// and stop: no cluster, so no need for the e2e lock.
     #[arg(long)]
@@ -72,7 +68,7 @@ pub fn run(args: AutoscaleArgs) -> Result<()> {
 fn karpenter(args: KarpenterArgs) -> Result<()> {
     use long_runs::autoscale::{karpenter, objects, tools};
     let root = crate::paths::repo_root();
-    let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
+    let version = args.target.version()?;
     let offers = objects::offers(&args.instance_types).map_err(anyhow::Error::msg)?;
     let t = Instant::now();
     let mut progress: local_cluster::go_build::Progress = Box::new(move |line: &str| {
@@ -140,7 +136,7 @@ fn karpenter(args: KarpenterArgs) -> Result<()> {
     for line in report.table() {
         println!("{line}");
     }
-    let work = root.join(&args.work_dir);
+    let work = root.join(&args.target.work_dir);
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let stem = std::path::Path::new(&args.example)
         .file_stem()

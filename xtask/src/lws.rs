@@ -12,7 +12,6 @@
 //! efa-driver -p neuron-driver -p e2e --bins` first), or those in
 //! `AWS_DRA_BIN_DIR`.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -25,12 +24,8 @@ pub struct LwsArgs {
     /// How long the group may take to run, seconds.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
-    /// Kubernetes release (a minor such as `1.37`, or an exact version).
-    #[arg(long, default_value_t = format!("1.{}", local_cluster::versions::MAIN_MINOR))]
-    kubernetes: String,
-    /// Where the JSON report goes (relative to the repository root).
-    #[arg(long, default_value = ".e2e")]
-    work_dir: PathBuf,
+    #[command(flatten)]
+    target: crate::long_run::RunTarget,
     /// Build the LWS controller (minutes, the first time) and stop: no
     /// cluster, so no need for the e2e lock.
     #[arg(long)]
@@ -40,7 +35,7 @@ pub struct LwsArgs {
 pub fn run(args: LwsArgs) -> Result<()> {
     use long_runs::lws;
     let root = crate::paths::repo_root();
-    let version = e2e::KubernetesVersion::resolve(&args.kubernetes)?;
+    let version = args.target.version()?;
     let t = Instant::now();
     let mut progress: local_cluster::go_build::Progress = Box::new(move |line: &str| {
         eprintln!("[{:>5.0}s] {line}", t.elapsed().as_secs_f64());
@@ -66,7 +61,7 @@ pub fn run(args: LwsArgs) -> Result<()> {
     for line in report.table() {
         println!("{line}");
     }
-    let work = root.join(&args.work_dir);
+    let work = root.join(&args.target.work_dir);
     std::fs::create_dir_all(&work)?;
     let path = work.join(format!("lws-{version}.json"));
     std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;

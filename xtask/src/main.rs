@@ -28,6 +28,7 @@ mod kind_images;
 mod kind_network;
 mod kind_tool;
 mod krew;
+mod long_run;
 mod lws;
 mod manifest_checks;
 mod paths;
