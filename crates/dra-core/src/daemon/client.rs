@@ -11,6 +11,13 @@
 //! than a quiet watch lasts, so a watch is never cut by it), and every
 //! request that is not a watch a deadline of its own
 //! ([`crate::daemon::request_deadline`], `--api-request-timeout`).
+//!
+//! Its connections ([`connection`]) offer HTTP/2 and turn Nagle off, so the
+//! watch, the claim GETs and the writes share one connection.
+
+mod connection;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -47,7 +54,7 @@ pub(crate) enum ClientError {
     },
     /// The configuration was found but a client could not be built from it.
     #[error("building the Kubernetes client: {0}")]
-    Build(#[from] kube::Error),
+    Build(#[from] connection::StackError),
 }
 
 /// Builds a client: an explicit `--kubeconfig` (or `KUBECONFIG`, its env twin)
@@ -91,34 +98,7 @@ pub(crate) async fn kube_client(
     // The read timeout counts from the request, not from when its pooled
     // connection last saw a byte.
     config.reset_reader_on_write = true;
-    Ok(kube::client::ClientBuilder::try_from(config)?
+    Ok(connection::builder(config)?
         .with_layer(&RequestDeadlineLayer::new(request_timeout))
         .build())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn explicit_kubeconfig_errors_name_the_file() {
-        let missing = Path::new("/nonexistent/kubeconfig");
-        let err = kube_client(Some(missing), Duration::from_secs(1))
-            .await
-            .err()
-            .expect("missing file");
-        assert!(err.to_string().contains("/nonexistent/kubeconfig"), "{err}");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("kc");
-        std::fs::write(
-            &file,
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n\
-             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\nusers:\n- name: u\n  user:\n    token: t\n",
-        )
-        .expect("write");
-        let client = kube_client(Some(&file), Duration::from_secs(1))
-            .await
-            .expect("client from file");
-        assert_eq!(client.default_namespace(), "default");
-    }
 }

@@ -168,13 +168,11 @@ pub(crate) async fn run<D: Driver>(
     let readiness = Readiness::default();
     let waits = StartupWaits::register(&registry, readiness.clone())?;
 
-    // Its own client and connection (see KubeClaimSource::new), behind the
-    // gate that refuses prepares until the API server has answered.
-    let claim_client = KubeClaimSource::new(
-        kube_client(options.kubeconfig.as_deref(), options.api_request_timeout).await?,
-    );
+    // The same client as the publisher's (see KubeClaimSource::new), behind
+    // the gate that refuses prepares until the API server has answered.
     let gate = ApiServerGate::default();
-    let claims: Arc<dyn ClaimSource> = Arc::new(gate.guard(Arc::new(claim_client.clone())));
+    let claims: Arc<dyn ClaimSource> =
+        Arc::new(gate.guard(Arc::new(KubeClaimSource::new(client.clone()))));
     let mut plugin_options = options.plugin_options();
     plugin_options.device_attributes = plugin_options
         .device_attributes
@@ -236,7 +234,6 @@ pub(crate) async fn run<D: Driver>(
     let cluster_side = tokio::spawn(serve_cluster(
         ClusterSide {
             client,
-            claim_client,
             gate,
             waits,
             feeds,
@@ -283,7 +280,6 @@ fn join_cluster_side(
 /// What the cluster side of the daemon works with.
 struct ClusterSide {
     client: kube::Client,
-    claim_client: KubeClaimSource,
     gate: ApiServerGate,
     waits: StartupWaits,
     feeds: DeviceFeeds,
@@ -303,7 +299,6 @@ async fn serve_cluster(
 ) -> Result<(), RuntimeError> {
     let ClusterSide {
         client,
-        claim_client,
         gate,
         waits,
         feeds,
@@ -351,7 +346,6 @@ async fn serve_cluster(
     }
     gate.open();
     waits.done(Awaited::ApiServer);
-    tokio::spawn(async move { claim_client.warm_up().await });
 
     let config = PublisherConfig::new(
         &options.driver_name,

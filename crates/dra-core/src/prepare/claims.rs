@@ -12,10 +12,6 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 
-/// How long [`KubeClaimSource::warm_up`] waits for the API server; after
-/// that the first prepare connects.
-const WARM_UP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
 /// A failed claim lookup (not "not found", which is `Ok(None)`).
 #[derive(Debug, thiserror::Error)]
 #[error("reading ResourceClaim {namespace}/{name}: {message}")]
@@ -43,31 +39,14 @@ pub(crate) struct KubeClaimSource {
 }
 
 impl KubeClaimSource {
-    /// Give it a client of its own (not a clone of the publisher's): the
-    /// client speaks HTTP/1.1, a watch holds a connection for good, and a
-    /// GET that finds no idle connection in its pool pays a new TCP and TLS
-    /// handshake inside kubelet's prepare call.
+    /// Give it the publisher's client: its connection speaks HTTP/2
+    /// (`crate::daemon::client`), so the claim GETs multiplex onto the
+    /// connection the publisher's watch keeps open, and a prepare never
+    /// opens one. (Over HTTP/1.1 the watch held its connection and a GET
+    /// that found no idle one paid a TCP and TLS handshake inside kubelet's
+    /// call, or 40 ms more when Nagle's algorithm met a delayed ACK.)
     pub(crate) fn new(client: kube::Client) -> Self {
         Self { client }
-    }
-
-    /// Opens the connection prepare will use, so that the first prepare
-    /// after start does not pay for the handshake (`GET /version`, which
-    /// every authenticated client may read). Failure is only logged: the
-    /// next GET connects again.
-    pub(crate) async fn warm_up(&self) {
-        let started = std::time::Instant::now();
-        let version = self.client.apiserver_version();
-        match tokio::time::timeout(WARM_UP_TIMEOUT, version).await {
-            Ok(Ok(_)) => tracing::debug!(
-                seconds = started.elapsed().as_secs_f64(),
-                "claim client connected"
-            ),
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "claim client warm-up failed; prepare will connect")
-            }
-            Err(_) => tracing::debug!("claim client warm-up timed out; prepare will connect"),
-        }
     }
 }
 
