@@ -1,6 +1,6 @@
-//! Atomic file replacement: temp file in the same directory, fsync, rename,
-//! fsync of the directory. Readers (container runtimes, a second plugin
-//! instance) see either the old or the new content, never a torn file.
+//! Atomic file replacement: a temp file in the same directory, then a
+//! rename. Readers (container runtimes, a second plugin instance) see either
+//! the old or the new content, never a torn file.
 //!
 //! A temp file is always a new file (`O_CREAT | O_EXCL | O_NOFOLLOW`): a
 //! symlink or file planted under its name makes the write fail instead of
@@ -10,10 +10,23 @@
 //! and a name that is taken after all is retried with another.
 //!
 //! Several files can be put in place together ([`stage`], then [`commit`]):
-//! their temp files are synced in parallel, renamed in the order given, and
-//! their directories synced in parallel. A prepare writes a CDI spec and the
-//! checkpoint; one by one that is four waits for the disk's journal, together
-//! two, which on a slow disk is most of a prepare's time.
+//! renamed in the order given, so a reader that sees a later file also sees
+//! the earlier ones (a checkpoint never names a CDI spec that is not there).
+//!
+//! Nothing here waits for the disk (no `fsync`), by design: everything
+//! written through this module is about this boot only. CDI specs and
+//! attributes files live under `/var/run` (tmpfs on a node), and the
+//! checkpoint's claims are dropped when it is read in a later boot (its boot
+//! id). A rename is atomic for every process of this boot whether or not it
+//! reached the disk, and a process killed at any step leaves the old file or
+//! the new one (the crash tests kill at each step); `fsync` would only make
+//! a file survive a crash of the kernel, after which the boot id changes and
+//! the file's claims are forgotten anyway. Two waits for the journal per
+//! group commit were most of a prepare's time in a burst
+//! (docs/performance.md). After a power loss on a filesystem that does not
+//! write a file's data before its rename, the checkpoint may read as
+//! damaged: it is moved aside and counted, and recovery finds nothing of the
+//! old boot to rebuild (docs/reliability.md).
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -84,17 +97,11 @@ fn create_new(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-/// Puts staged files in place, durably: all temp files synced (in
-/// parallel), then renamed in the order given (a reader that sees a later
-/// file also sees the earlier ones), then every directory synced (in
-/// parallel). On error: the path that failed; temp files not yet renamed
-/// are removed.
+/// Puts staged files in place: renamed in the order given (a reader that
+/// sees a later file also sees the earlier ones). On error: the path that
+/// failed; temp files not yet renamed are removed.
 pub(crate) fn commit(mut staged: Vec<Staged>) -> Result<(), (PathBuf, std::io::Error)> {
-    in_parallel(&staged, |s| match &s.file {
-        Some(file) => file.sync_all().map_err(|e| (s.path.clone(), e)),
-        None => Ok(()),
-    })?;
-    crate::prepare::crash::point("commit:synced");
+    crate::prepare::crash::point("commit:staged");
     for (i, s) in staged.iter_mut().enumerate() {
         if i == 1 {
             crate::prepare::crash::point("commit:renamed-first");
@@ -103,39 +110,7 @@ pub(crate) fn commit(mut staged: Vec<Staged>) -> Result<(), (PathBuf, std::io::E
         s.file = None;
     }
     crate::prepare::crash::point("commit:renamed");
-    let mut dirs: Vec<&Path> = staged
-        .iter()
-        .map(|s| s.path.parent().unwrap_or(Path::new(".")))
-        .collect();
-    dirs.sort();
-    dirs.dedup();
-    in_parallel(&dirs, |dir| {
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| (dir.to_path_buf(), e))
-    })
-}
-
-/// Runs `f` on every item, all but the first on scoped threads; the first
-/// error wins. Concurrent syncs on one filesystem share a journal commit.
-fn in_parallel<T: Sync, E: Send>(
-    items: &[T],
-    f: impl Fn(&T) -> Result<(), E> + Sync,
-) -> Result<(), E> {
-    let Some((first, rest)) = items.split_first() else {
-        return Ok(());
-    };
-    std::thread::scope(|scope| {
-        let others: Vec<_> = rest.iter().map(|item| scope.spawn(|| f(item))).collect();
-        let mut result = f(first);
-        for other in others {
-            let done = other
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            result = result.and(done);
-        }
-        result
-    })
+    Ok(())
 }
 
 /// How old a temp file of [`stage`] must be before a starting driver takes

@@ -558,9 +558,10 @@ impl<D: Driver> ClaimPipeline<D> {
 
 /// Whether a claim the checkpoint has is really prepared: its CDI spec is
 /// there (a claim without devices of ours has none). The spec is renamed
-/// into place before the checkpoint, but only the journal keeps that order
-/// across a crash; should a spec be missing, the claim is prepared again
-/// rather than answered with CDI ids the runtime cannot find.
+/// into place before the checkpoint, so only a hand on the node (or a
+/// checkpoint of an earlier boot whose boot id could not be read) leaves a
+/// recorded claim without one; the claim is then prepared again rather than
+/// answered with CDI ids the runtime cannot find.
 fn spec_in_place(prepared: &PreparedClaim) -> bool {
     prepared.devices.is_empty() || prepared.cdi_spec_path.exists()
 }

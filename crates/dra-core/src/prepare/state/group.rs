@@ -3,8 +3,8 @@
 //!
 //! A burst of N pods on one node means N NodePrepareResources calls at
 //! once. Served one by one, each would take the lock, read the checkpoint,
-//! and wait for the disk twice (its CDI spec and the checkpoint, then their
-//! directories). Instead every call queues its work ([`Work`]) and then
+//! write its CDI spec and the checkpoint, and make the next call wait for
+//! all of that. Instead every call queues its work ([`Work`]) and then
 //! takes the lock; the first to get it (the leader) takes every job queued
 //! so far, its own included, serves them in queue order against one
 //! in-memory checkpoint, commits once, answers each job, and only then

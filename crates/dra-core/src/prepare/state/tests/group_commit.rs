@@ -93,7 +93,7 @@ async fn a_device_freed_and_taken_in_one_group_is_never_held_twice() {
 /// claims are in the checkpoint after a kill there.
 const CRASH_POINTS: [(&str, bool); 5] = [
     ("group:served", false),
-    ("commit:synced", false),
+    ("commit:staged", false),
     ("commit:renamed-first", false),
     ("commit:renamed", true),
     ("group:committed", true),
