@@ -33,6 +33,7 @@ pub mod go_stand_ins;
 pub mod go_toolchain;
 pub mod host_limits;
 pub mod image;
+mod kubelet_socket;
 pub mod node;
 pub mod paths;
 pub mod pki;

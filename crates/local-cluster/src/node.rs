@@ -22,6 +22,7 @@ use crate::cgroups;
 use crate::cluster_config::{NODE_IP, NodeSpec, write_json};
 use crate::cni::PodNetwork;
 use crate::error::{Error, Result, io};
+use crate::kubelet_socket;
 use crate::pki::CertPair;
 use crate::process::{ManagedProcess, run_checked};
 use crate::toolchain::{Binaries, PAUSE_IMAGE, PROBE_IMAGE};
@@ -284,8 +285,18 @@ pub(crate) async fn start(
             .collect();
         kubelet_cmd.arg(format!("--node-labels={}", labels.join(",")));
     }
-    let kubelet = ManagedProcess::spawn("kubelet", kubelet_cmd, &plan.run_dir.join("kubelet.log"))?;
+    // One kubelet at a time from start to its device-plugin socket bound:
+    // that path is the host's, whatever --root-dir says (kubelet_socket).
+    let turn = kubelet_socket::take_turn().await;
+    let mut kubelet =
+        ManagedProcess::spawn("kubelet", kubelet_cmd, &plan.run_dir.join("kubelet.log"))?;
     cgroups::track(&format!("{}-kubelet", plan.cgroup_root), kubelet.pid())?;
+    let pid = kubelet.pid();
+    kubelet_socket::wait_listening(pid, Path::new(kubelet_socket::DEVICE_PLUGIN_SOCKET), || {
+        !kubelet.is_running()
+    })
+    .await;
+    drop(turn);
     procs.kubelet = Some(kubelet);
 
     let local = LocalNode {
