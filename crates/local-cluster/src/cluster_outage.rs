@@ -13,6 +13,7 @@ use crate::cgroups;
 use crate::cluster::LocalCluster;
 use crate::cluster_restart::proc_strings;
 use crate::error::{Error, Result};
+use crate::kubelet_socket;
 use crate::process::ManagedProcess;
 
 /// A process stopped by [`LocalCluster::stop_kubelet`] or
@@ -88,16 +89,25 @@ impl LocalCluster {
         Ok(stopped)
     }
 
-    /// Starts a stopped kubelet again (the caller waits for what it needs).
-    pub fn start_kubelet(&self, stopped: &Stopped) -> Result<i32> {
+    /// Starts a stopped kubelet again (the caller waits for what it needs),
+    /// in its turn at the host's device-plugin socket (`kubelet_socket`).
+    pub async fn start_kubelet(&self, stopped: &Stopped) -> Result<i32> {
         let node = stopped
             .node
             .as_deref()
             .ok_or_else(|| Error::Host(format!("{} is not a kubelet", stopped.name)))?;
         let index = self.node_index(node)?;
-        let process = ManagedProcess::spawn("kubelet", stopped.command()?, &stopped.log)?;
+        let turn = kubelet_socket::take_turn().await;
+        let mut process = ManagedProcess::spawn("kubelet", stopped.command()?, &stopped.log)?;
         let pid = process.pid();
         cgroups::track(&format!("{}-kubelet", self.nodes[index].cgroup_root), pid)?;
+        kubelet_socket::wait_listening(
+            pid,
+            std::path::Path::new(kubelet_socket::DEVICE_PLUGIN_SOCKET),
+            || !process.is_running(),
+        )
+        .await;
+        drop(turn);
         let mut guard = self
             .inner
             .processes

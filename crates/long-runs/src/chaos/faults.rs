@@ -219,7 +219,7 @@ async fn kubelet_restart(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) ->
     };
     tokio::time::sleep(Duration::from_secs(10)).await;
     let t = Instant::now();
-    tb.cluster().await.start_kubelet(&stopped)?;
+    tb.cluster().await.start_kubelet(&stopped).await?;
     new_pod(tb, "after-kubelet").await?;
     f.kubelet_new_pod_ms = Some(t.elapsed().as_millis() as u64);
     f.kubelet_driver_restarts = Some(restarts(&before, tb));
@@ -359,7 +359,7 @@ async fn reboot(tb: &LocalTestbed, f: &mut FaultFigures, held: &str) -> Result<(
     if at_start.is_ok() {
         f.reboot_start_ms = Some(t.elapsed().as_millis() as u64);
     }
-    tb.cluster().await.start_kubelet(&stopped)?;
+    tb.cluster().await.start_kubelet(&stopped).await?;
     let t = Instant::now();
     kit::delete_pods(tb, NAMESPACE, &[held], Duration::from_secs(120)).await?;
     f.reboot_delete_ms = Some(t.elapsed().as_millis() as u64);
