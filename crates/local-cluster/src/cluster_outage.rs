@@ -97,17 +97,13 @@ impl LocalCluster {
             .as_deref()
             .ok_or_else(|| Error::Host(format!("{} is not a kubelet", stopped.name)))?;
         let index = self.node_index(node)?;
-        let turn = kubelet_socket::take_turn().await;
-        let mut process = ManagedProcess::spawn("kubelet", stopped.command()?, &stopped.log)?;
-        let pid = process.pid();
-        cgroups::track(&format!("{}-kubelet", self.nodes[index].cgroup_root), pid)?;
-        kubelet_socket::wait_listening(
-            pid,
-            std::path::Path::new(kubelet_socket::DEVICE_PLUGIN_SOCKET),
-            || !process.is_running(),
+        let process = kubelet_socket::spawn_kubelet(
+            stopped.command()?,
+            &stopped.log,
+            &self.nodes[index].cgroup_root,
         )
-        .await;
-        drop(turn);
+        .await?;
+        let pid = process.pid();
         let mut guard = self
             .inner
             .processes

@@ -33,6 +33,26 @@ pub(crate) struct Turn {
     _lock: Option<Flock<fs::File>>,
 }
 
+/// Starts a kubelet in its turn: spawns `command` (output to `log`), puts
+/// it in the cgroup `<cgroup_root>-kubelet`, and passes the turn on once it
+/// listens on [`DEVICE_PLUGIN_SOCKET`], exited, or [`BIND_WAIT`] passed.
+pub(crate) async fn spawn_kubelet(
+    command: std::process::Command,
+    log: &Path,
+    cgroup_root: &str,
+) -> crate::error::Result<crate::process::ManagedProcess> {
+    let turn = take_turn().await;
+    let mut kubelet = crate::process::ManagedProcess::spawn("kubelet", command, log)?;
+    let pid = kubelet.pid();
+    crate::cgroups::track(&format!("{cgroup_root}-kubelet"), pid)?;
+    wait_listening(pid, Path::new(DEVICE_PLUGIN_SOCKET), || {
+        !kubelet.is_running()
+    })
+    .await;
+    drop(turn);
+    Ok(kubelet)
+}
+
 /// Waits for the host-wide turn (a file lock in the temp directory). Never
 /// fails: a lock that cannot be had is logged and the start goes ahead, as
 /// it did before there were turns.

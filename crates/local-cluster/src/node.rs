@@ -287,16 +287,12 @@ pub(crate) async fn start(
     }
     // One kubelet at a time from start to its device-plugin socket bound:
     // that path is the host's, whatever --root-dir says (kubelet_socket).
-    let turn = kubelet_socket::take_turn().await;
-    let mut kubelet =
-        ManagedProcess::spawn("kubelet", kubelet_cmd, &plan.run_dir.join("kubelet.log"))?;
-    cgroups::track(&format!("{}-kubelet", plan.cgroup_root), kubelet.pid())?;
-    let pid = kubelet.pid();
-    kubelet_socket::wait_listening(pid, Path::new(kubelet_socket::DEVICE_PLUGIN_SOCKET), || {
-        !kubelet.is_running()
-    })
-    .await;
-    drop(turn);
+    let kubelet = kubelet_socket::spawn_kubelet(
+        kubelet_cmd,
+        &plan.run_dir.join("kubelet.log"),
+        &plan.cgroup_root,
+    )
+    .await?;
     procs.kubelet = Some(kubelet);
 
     let local = LocalNode {

@@ -1,5 +1,7 @@
 //! The client: kubeconfig resolution, and what its connections are.
 
+use std::sync::{Arc, Mutex};
+
 use super::*;
 
 #[tokio::test]
@@ -35,8 +37,6 @@ struct Server {
     kubeconfig: PathBuf,
     _dir: tempfile::TempDir,
 }
-
-use std::sync::{Arc, Mutex};
 
 async fn tls_server() -> Server {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
@@ -126,6 +126,16 @@ async fn tls_server() -> Server {
     }
 }
 
+/// A [`tls_server`] and our client of it, connected by one GET.
+async fn connected() -> (Server, kube::Client) {
+    let server = tls_server().await;
+    let client = kube_client(Some(&server.kubeconfig), Duration::from_secs(10))
+        .await
+        .expect("client");
+    assert_eq!(get(&client, "/version").await, "{}");
+    (server, client)
+}
+
 async fn get(client: &kube::Client, path: &str) -> String {
     let request = hyper::Request::get(path).body(Vec::new()).expect("request");
     client.request_text(request).await.expect("GET")
@@ -137,11 +147,7 @@ async fn get(client: &kube::Client, path: &str) -> String {
 /// of its own, opened inside the prepare call.
 #[tokio::test]
 async fn requests_share_one_http2_connection_while_a_watch_holds_it() {
-    let server = tls_server().await;
-    let client = kube_client(Some(&server.kubeconfig), Duration::from_secs(10))
-        .await
-        .expect("client");
-    assert_eq!(get(&client, "/version").await, "{}");
+    let (server, client) = connected().await;
     let watch = {
         let client = client.clone();
         tokio::spawn(async move { get(&client, "/watch").await })
@@ -176,11 +182,7 @@ async fn requests_share_one_http2_connection_while_a_watch_holds_it() {
 /// back for the ACK of the one before) and TCP keepalive on at our timings.
 #[tokio::test]
 async fn the_connection_sends_at_once_and_is_kept_alive() {
-    let server = tls_server().await;
-    let client = kube_client(Some(&server.kubeconfig), Duration::from_secs(10))
-        .await
-        .expect("client");
-    assert_eq!(get(&client, "/version").await, "{}");
+    let (server, client) = connected().await;
     let ours = server.connections.lock().unwrap()[0];
     let socket = client_socket(ours, server.address).expect("the client's socket in /proc/self/fd");
     use nix::sys::socket::{getsockopt, sockopt};
