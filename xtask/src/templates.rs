@@ -72,8 +72,14 @@ fn efa_and_neuron_templates_pair_as_the_fixtures_do() {
             .scan()
             .unwrap();
         let real = pairs(
-            real_efas.into_iter().map(|s| s.device).collect(),
-            &real_chips.into_iter().map(|s| s.device).collect::<Vec<_>>(),
+            real_efas
+                .into_iter()
+                .map(|s| std::sync::Arc::unwrap_or_clone(s.device))
+                .collect(),
+            &real_chips
+                .into_iter()
+                .map(|s| std::sync::Arc::unwrap_or_clone(s.device))
+                .collect::<Vec<_>>(),
         );
         let efas = efa_driver::template::devices(it, &Default::default()).unwrap();
         let (chips, _) = neuron_driver::template::devices(it, &Default::default()).unwrap();

@@ -18,7 +18,7 @@
 //! untainted when it comes back; a driver restart forgets it.
 
 use std::collections::BTreeMap;
-
+use std::sync::Arc;
 use std::time::Instant;
 
 use dra_core::{
@@ -95,7 +95,7 @@ pub struct EfaInventory {
     unusable: BTreeMap<PciAddress, UnusableReason>,
     metrics: Option<EfaMetrics>,
     /// Every EFA published so far, by device name, as last published.
-    published: BTreeMap<String, Device>,
+    published: BTreeMap<String, Arc<Device>>,
     /// The last counter sample of each EFA, for the error rates.
     samples: BTreeMap<String, CounterSample>,
     /// The counter files of each EFA, by device name, held open while the
@@ -103,7 +103,7 @@ pub struct EfaInventory {
     counters: BTreeMap<String, EfaCounters>,
     /// The last discovery and the devices built from it, reused while
     /// nothing it depends on changed.
-    discoveries: DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Device>)>,
+    discoveries: DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Arc<Device>>)>,
     /// What the fingerprint of [`Self::discoveries`] reads.
     fingerprint: FingerprintFiles,
     /// `--sharing`, the flag in effect (the Node's label may replace it),
@@ -189,17 +189,21 @@ impl EfaInventory {
 
     /// The devices of a discovery ([`attributes::published_devices`] with
     /// this inventory's sharing).
-    fn devices_of(&self, found: &discovery::Discovery) -> Vec<Device> {
+    fn devices_of(&self, found: &discovery::Discovery) -> Vec<Arc<Device>> {
         attributes::published_devices(found, self.shared)
+            .into_iter()
+            .map(Arc::new)
+            .collect()
     }
 
     /// Every usable EFA with its health, from `discoveries`: discovered
     /// again when the fingerprint changed or after [`FULL_SCAN_EVERY`]
-    /// scans, else the last discovery, borrowed (each device is copied once,
-    /// into the scan's answer). Health is read on every scan.
+    /// scans, else the last discovery, borrowed: each device is shared with
+    /// the scan's answer ([`ScannedDevice`]), not copied, so that the rescan
+    /// loop sees it unchanged by pointer. Health is read on every scan.
     fn scan_with(
         &mut self,
-        discoveries: &mut DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Device>)>,
+        discoveries: &mut DiscoveryCache<Fingerprint, (discovery::Discovery, Vec<Arc<Device>>)>,
     ) -> Result<Vec<ScannedDevice>, InventoryError> {
         let fingerprint = self.fingerprint.read();
         let lookup = discoveries.get(fingerprint, || {
@@ -239,12 +243,12 @@ impl EfaInventory {
                 }
             }
             // A reused discovery's devices are as published at its first
-            // scan; a new one's are compared before they are copied.
+            // scan; a new one's are compared before they are kept.
             if lookup.discovered && self.published.get(name) != Some(device) {
-                self.published.insert(name.clone(), device.clone());
+                self.published.insert(name.clone(), Arc::clone(device));
             }
             out.push(ScannedDevice {
-                device: device.clone(),
+                device: Arc::clone(device),
                 health: DeviceHealth { conditions },
             });
         }
@@ -273,7 +277,7 @@ impl EfaInventory {
                         .keys()
                         .any(|a| attributes::device_name(*a) == *name);
                     ScannedDevice {
-                        device: device.clone(),
+                        device: Arc::clone(device),
                         health: DeviceHealth {
                             conditions: vec![HealthCondition {
                                 dimension: "device-lost".into(),

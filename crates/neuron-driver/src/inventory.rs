@@ -337,7 +337,7 @@ impl DeviceInventory for NeuronInventory {
                     None => worst_per_dimension(chip_health.values().flatten()),
                 };
                 ScannedDevice {
-                    device,
+                    device: device.into(),
                     health: DeviceHealth { conditions },
                 }
             })

@@ -58,7 +58,10 @@ fn scan(instance_type: &str, mode: PartitionMode) -> (Vec<Device>, Vec<CounterSe
     let mut inventory = NeuronInventory::new(&host, Box::new(bdf)).with_mode(mode);
     let scanned = inventory.scan().unwrap();
     assert!(scanned.iter().all(|s| s.health.conditions.is_empty()));
-    let devices = scanned.into_iter().map(|s| s.device).collect();
+    let devices = scanned
+        .into_iter()
+        .map(|s| std::sync::Arc::unwrap_or_clone(s.device))
+        .collect();
     (devices, inventory.counter_sets())
 }
 

@@ -44,7 +44,7 @@ pub fn published<I: DeviceInventory>(
                 .scan()
                 .map_err(|e| anyhow::anyhow!("scanning {instance_type}: {e}"))?;
             for d in devices {
-                for (name, value) in d.device.attributes.unwrap_or_default() {
+                for (name, value) in d.device.attributes.clone().unwrap_or_default() {
                     out.insert(name, type_of(&value).to_owned());
                 }
             }

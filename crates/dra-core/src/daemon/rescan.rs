@@ -33,6 +33,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use k8s_openapi::api::resource::v1::Device;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tokio::sync::{mpsc, watch};
 
@@ -192,6 +193,11 @@ pub struct Rescanner<I> {
     health_timeout: Option<Duration>,
     metrics: Option<RescanMetrics>,
     taints: Mutex<TaintBook>,
+    /// The devices of the content last sent on `devices`, as the scan
+    /// shared them: a scan that hands out these same `Arc`s (and the same
+    /// counter sets) found the content unchanged, with no copy or compare
+    /// of a device (see [`ScannedDevice`]).
+    sent: Mutex<Vec<Arc<Device>>>,
 }
 
 /// Which pool the devices are published in: `driver` prefixes the taint
@@ -228,7 +234,10 @@ pub(crate) fn scan_with_taints<I: DeviceInventory>(
         TaintBook::new(driver).apply(&mut scanned, k8s_openapi::jiff::Timestamp::now());
     transitions.iter().for_each(Transition::log);
     Ok(PoolContent {
-        devices: scanned.into_iter().map(|s| s.device).collect(),
+        devices: scanned
+            .into_iter()
+            .map(|s| Arc::unwrap_or_clone(s.device))
+            .collect(),
         counter_sets: inventory.counter_sets(),
     })
 }
@@ -280,6 +289,7 @@ impl<I: DeviceInventory> Rescanner<I> {
             health_timeout,
             metrics,
             taints: Mutex::new(TaintBook::new(id.driver)),
+            sent: Mutex::new(Vec::new()),
         };
         let feeds = DeviceFeeds {
             devices: devices_rx,
@@ -382,8 +392,26 @@ impl<I: DeviceInventory> Rescanner<I> {
             }
             send
         });
+        // The devices are compared with those last sent, by pointer first:
+        // at rest an inventory that keeps its devices hands out the very
+        // ones sent, and nothing is copied or compared field by field.
+        let mut sent = self.sent.lock().unwrap_or_else(|e| e.into_inner());
+        let same_devices = sent.len() == scanned.len()
+            && sent
+                .iter()
+                .zip(&scanned)
+                .all(|(a, s)| Arc::ptr_eq(a, &s.device) || **a == *s.device);
+        sent.clear();
+        sent.extend(scanned.iter().map(|s| s.device.clone()));
+        drop(sent);
+        if same_devices && self.devices.borrow().counter_sets == counter_sets {
+            return false;
+        }
         let content = PoolContent {
-            devices: scanned.into_iter().map(|s| s.device).collect(),
+            devices: scanned
+                .into_iter()
+                .map(|s| Arc::unwrap_or_clone(s.device))
+                .collect(),
             counter_sets,
         };
         self.devices.send_if_modified(|current| {

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use prometheus::Registry;
@@ -97,17 +98,26 @@ impl DeviceHealth {
 }
 
 /// One device found by a scan.
+///
+/// The device is shared, not owned: an inventory that keeps its devices
+/// between scans (the EFA driver's reused discovery) hands out the same
+/// [`Arc`] every scan, and the rescan loop then sees in a pointer compare
+/// that the device is as published, where it used to copy, compare and
+/// drop every device's attributes on every scan at rest. A device is
+/// changed only through [`Arc::make_mut`] (the taints), which copies it
+/// while anyone else holds it, so an `Arc` that is pointer-equal to one
+/// the loop kept is the device the loop kept.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScannedDevice {
-    pub device: Device,
+    pub device: Arc<Device>,
     pub health: DeviceHealth,
 }
 
 impl ScannedDevice {
     /// A device with nothing wrong.
-    pub fn healthy(device: Device) -> Self {
+    pub fn healthy(device: impl Into<Arc<Device>>) -> Self {
         ScannedDevice {
-            device,
+            device: device.into(),
             health: DeviceHealth::healthy(),
         }
     }

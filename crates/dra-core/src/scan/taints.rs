@@ -20,6 +20,7 @@
 //! prints the taints exactly as `run` publishes them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -136,8 +137,11 @@ impl TaintBook {
         for s in scanned.iter_mut() {
             if s.health.conditions.is_empty() && !self.published.contains_key(&s.device.name) {
                 // Healthy and untainted before: nothing changes, nothing is
-                // kept (most devices on most scans).
-                s.device.taints = None;
+                // kept (most devices on most scans), and a device shared
+                // with the inventory stays shared.
+                if s.device.taints.is_some() {
+                    Arc::make_mut(&mut s.device).taints = None;
+                }
                 continue;
             }
             let name = s.device.name.clone();
@@ -172,7 +176,10 @@ impl TaintBook {
                     severity: None,
                 });
             }
-            s.device.taints = self.taints(&after);
+            let taints = self.taints(&after);
+            if s.device.taints != taints {
+                Arc::make_mut(&mut s.device).taints = taints;
+            }
             if !after.is_empty() {
                 next.insert(name, after);
             }
@@ -246,10 +253,10 @@ mod tests {
 
     fn scanned(name: &str, conditions: &[(&str, Severity, &str)]) -> ScannedDevice {
         ScannedDevice {
-            device: Device {
+            device: Arc::new(Device {
                 name: name.into(),
                 ..Default::default()
-            },
+            }),
             health: DeviceHealth {
                 conditions: conditions
                     .iter()
@@ -408,7 +415,7 @@ mod tests {
         let list = d[0].device.taints.as_ref().unwrap();
         assert_eq!(list.len(), MAX_TAINTS_PER_DEVICE);
         assert!(list.iter().any(|t| t.key.ends_with("/zz-fatal")));
-        assert!(any_tainted(&[d[0].device.clone()]));
-        assert!(!any_tainted(&without_taints(&[d[0].device.clone()])));
+        assert!(any_tainted(&[(*d[0].device).clone()]));
+        assert!(!any_tainted(&without_taints(&[(*d[0].device).clone()])));
     }
 }

@@ -163,6 +163,77 @@ async fn sends_devices_only_when_they_change_and_keeps_them_on_failure() {
     );
 }
 
+/// The devices a scan shares with its inventory: the same ones at rest,
+/// compared by pointer; a changed one sent; the inventory's own copy never
+/// written (the taints go on the loop's copy).
+#[tokio::test]
+async fn shared_devices_are_sent_when_they_change_and_never_written() {
+    let hw = Hardware::default();
+    hw.set(&["a", "b"]);
+    let (rescanner, mut feeds) = rescanner_of(&hw, "node-1", None, None);
+    assert!(rescanner.rescan(Trigger::Start).await.unwrap());
+    feeds.devices.mark_unchanged();
+    let kept = |name: &str| -> Arc<Device> {
+        let state = hw.state.lock().unwrap();
+        let list = state.as_ref().unwrap();
+        let found = list.iter().find(|s| s.device.name == name).unwrap();
+        found.device.clone()
+    };
+    let a = kept("a");
+    assert!(
+        Arc::ptr_eq(&a, &rescanner.sent.lock().unwrap()[0]),
+        "the loop keeps the inventory's device, not a copy"
+    );
+
+    // The same devices again, as new but equal values: nothing to send.
+    hw.set(&["a", "b"]);
+    assert!(!rescanner.rescan(Trigger::Interval).await.unwrap());
+    assert!(!feeds.devices.has_changed().unwrap());
+
+    // One device changed in a new value: sent, as it is now.
+    let changed = Device {
+        name: "b".into(),
+        node_name: Some("moved".into()),
+        ..Default::default()
+    };
+    if let Ok(list) = &mut *hw.state.lock().unwrap() {
+        list[1].device = Arc::new(changed.clone());
+    }
+    assert!(rescanner.rescan(Trigger::Interval).await.unwrap());
+    assert_eq!(feeds.devices.borrow_and_update().devices[1], changed);
+
+    // A fatal condition taints the published device, not the inventory's.
+    let broken = DeviceHealth {
+        conditions: vec![HealthCondition {
+            dimension: "link".into(),
+            severity: Severity::Fatal,
+            value: "down".into(),
+        }],
+    };
+    hw.set_health("a", broken);
+    assert!(rescanner.rescan(Trigger::Interval).await.unwrap());
+    assert!(
+        feeds.devices.borrow_and_update().devices[0]
+            .taints
+            .is_some()
+    );
+    assert_eq!(
+        kept("a").taints,
+        None,
+        "the inventory's device is untouched"
+    );
+    assert!(
+        !rescanner.rescan(Trigger::Interval).await.unwrap(),
+        "still tainted"
+    );
+
+    // Healed: the taint goes, and the inventory's device is published again.
+    hw.set_health("a", DeviceHealth::healthy());
+    assert!(rescanner.rescan(Trigger::Interval).await.unwrap());
+    assert_eq!(feeds.devices.borrow_and_update().devices[0].taints, None);
+    assert!(Arc::ptr_eq(&kept("a"), &rescanner.sent.lock().unwrap()[0]));
+}
+
 #[tokio::test]
 async fn health_follows_changes_and_is_refreshed_at_half_the_timeout() {
     let hw = Hardware::default();
