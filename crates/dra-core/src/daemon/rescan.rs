@@ -330,8 +330,10 @@ impl<I: DeviceInventory> Rescanner<I> {
         Ok(self.publish(trigger, started, scan))
     }
 
-    /// [`Self::rescan`] on the calling thread (the rescan thread's).
-    pub(crate) fn rescan_here(&self, trigger: Trigger) -> Result<bool, I::Error> {
+    /// [`Self::rescan`] on the calling thread (the rescan thread's; the
+    /// drivers' rescan benchmarks time it).
+    #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+    pub fn rescan_here(&self, trigger: Trigger) -> Result<bool, I::Error> {
         let started = Instant::now();
         let scan = scan_inventory(&self.inventory)?;
         Ok(self.publish(trigger, started, scan))
