@@ -44,8 +44,8 @@ pub fn published<I: DeviceInventory>(
                 .scan()
                 .map_err(|e| anyhow::anyhow!("scanning {instance_type}: {e}"))?;
             for d in devices {
-                for (name, value) in d.device.attributes.clone().unwrap_or_default() {
-                    out.insert(name, type_of(&value).to_owned());
+                for (name, value) in d.device.attributes.iter().flatten() {
+                    out.insert(name.clone(), type_of(value).to_owned());
                 }
             }
         }

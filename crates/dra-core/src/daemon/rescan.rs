@@ -416,10 +416,9 @@ impl<I: DeviceInventory> Rescanner<I> {
                 .collect(),
             counter_sets,
         };
-        self.devices.send_if_modified(|current| {
-            if *current == content {
-                return false;
-            }
+        // `sent` holds what `devices` holds, so past the compare above the
+        // content has changed.
+        self.devices.send_modify(|current| {
             tracing::info!(
                 before = current.devices.len(),
                 after = content.devices.len(),
@@ -428,8 +427,8 @@ impl<I: DeviceInventory> Rescanner<I> {
                 "device set changed"
             );
             *current = content;
-            true
-        })
+        });
+        true
     }
 
     /// Does report `sent` say of the same devices what `scanned` would

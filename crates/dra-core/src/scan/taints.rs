@@ -139,9 +139,7 @@ impl TaintBook {
                 // Healthy and untainted before: nothing changes, nothing is
                 // kept (most devices on most scans), and a device shared
                 // with the inventory stays shared.
-                if s.device.taints.is_some() {
-                    Arc::make_mut(&mut s.device).taints = None;
-                }
+                set_taints(&mut s.device, None);
                 continue;
             }
             let name = s.device.name.clone();
@@ -176,10 +174,7 @@ impl TaintBook {
                     severity: None,
                 });
             }
-            let taints = self.taints(&after);
-            if s.device.taints != taints {
-                Arc::make_mut(&mut s.device).taints = taints;
-            }
+            set_taints(&mut s.device, self.taints(&after));
             if !after.is_empty() {
                 next.insert(name, after);
             }
@@ -208,6 +203,15 @@ impl TaintBook {
             .collect();
         taints.sort_by(|a, b| a.key.cmp(&b.key));
         Some(taints)
+    }
+}
+
+/// Gives `device` these taints, copying it first only where they differ
+/// and it is shared ([`Arc::make_mut`]): a device the inventory keeps is
+/// never written.
+fn set_taints(device: &mut Arc<Device>, taints: Option<Vec<DeviceTaint>>) {
+    if device.taints != taints {
+        Arc::make_mut(device).taints = taints;
     }
 }
 
