@@ -87,6 +87,15 @@ exit "${FAKE_RC:-0}"
 
     /// Runs `.ci/run` of the fixture; its exit code and the stand-in's report.
     fn run(f: &Fixture, rc: i32) -> (i32, std::collections::BTreeMap<String, String>) {
+        run_with(f, rc, &[])
+    }
+
+    /// [`run`] with more variables in the script's environment.
+    fn run_with(
+        f: &Fixture,
+        rc: i32,
+        env: &[(&str, &str)],
+    ) -> (i32, std::collections::BTreeMap<String, String>) {
         let _ = std::fs::remove_file(&f.report);
         let path = format!(
             "{}:{}",
@@ -100,6 +109,9 @@ exit "${FAKE_RC:-0}"
             .env("REPORT", &f.report)
             .env("FAKE_RC", rc.to_string())
             .env_remove("CARGO_TARGET_DIR")
+            .env_remove("AWS_DRA_CI_TARGET_CAP_MIB")
+            .env_remove("AWS_DRA_CI_MIN_FREE_MIB")
+            .envs(env.iter().copied())
             .status()
             .unwrap();
         let report = std::fs::read_to_string(&f.report).unwrap_or_default();
@@ -159,6 +171,33 @@ exit "${FAKE_RC:-0}"
         );
         assert!(!ci.join("checkout/ignored").exists());
         assert!(!ci.join("checkout/untracked").exists());
+    }
+
+    #[test]
+    fn a_target_directory_over_its_cap_or_on_a_full_disk_is_started_cold() {
+        let f = fixture();
+        let target = f.home.join(".cache/aws-dra/ci/target");
+        let fill = |target: &Path| {
+            std::fs::create_dir_all(target.join("debug/deps")).unwrap();
+            std::fs::write(target.join("debug/deps/old-build"), vec![7u8; 3 << 20]).unwrap();
+        };
+        fill(&target);
+        // Under the cap and with room on the disk: kept for a warm build.
+        let (rc, report) = run_with(&f, 0, &[("AWS_DRA_CI_TARGET_CAP_MIB", "64")]);
+        assert_eq!(rc, 0);
+        assert_eq!(report["target"], target.display().to_string());
+        assert!(target.join("debug/deps/old-build").exists());
+        // Over the cap: gone before cargo starts.
+        let (rc, _) = run_with(&f, 0, &[("AWS_DRA_CI_TARGET_CAP_MIB", "1")]);
+        assert_eq!(rc, 0);
+        assert!(!target.exists(), "a target directory over its cap was kept");
+        // Under the cap, but less room on the disk than asked for.
+        fill(&target);
+        let (rc, _) = run_with(&f, 0, &[("AWS_DRA_CI_MIN_FREE_MIB", "999999999999")]);
+        assert_eq!(rc, 0);
+        assert!(!target.exists(), "a target directory on a full disk was kept");
+        // No target directory at all is no error.
+        assert_eq!(run(&f, 0).0, 0);
     }
 
     #[test]
