@@ -195,7 +195,10 @@ exit "${FAKE_RC:-0}"
         fill(&target);
         let (rc, _) = run_with(&f, 0, &[("AWS_DRA_CI_MIN_FREE_MIB", "999999999999")]);
         assert_eq!(rc, 0);
-        assert!(!target.exists(), "a target directory on a full disk was kept");
+        assert!(
+            !target.exists(),
+            "a target directory on a full disk was kept"
+        );
         // No target directory at all is no error.
         assert_eq!(run(&f, 0).0, 0);
     }
