@@ -29,7 +29,7 @@ use crate::cgroups;
 pub use crate::cluster_config::{
     ClusterConfig, NODE_IP, NodeSpec, SERVICE_CIDR, selected_kubernetes_version,
 };
-use crate::cluster_config::{PortAllocator, is_short_dns_label, new_state_dir, run_id};
+use crate::cluster_config::{PortAllocator, is_short_dns_label, run_id};
 use crate::error::{Error, Result, io};
 use crate::node::{self, LocalNode, NodeProcesses};
 use crate::pki::{self, CertPair, ClusterCa, Credentials};
@@ -186,7 +186,7 @@ impl LocalCluster {
             .map_or_else(|| repo_root().join("target/e2e"), PathBuf::from)
             .join(&id);
         fs::create_dir_all(&run_dir).map_err(io("creating", &run_dir))?;
-        let state_dir = new_state_dir()?;
+        let state_dir = crate::stale_state::fresh_state_dir(config.keep_state_dir)?;
         let run_dir = run_dir.canonicalize().map_err(io("resolving", &run_dir))?;
         eprintln!("aws-dra-e2e: run {id}: logs in {}", run_dir.display());
 

@@ -39,6 +39,7 @@ pub mod paths;
 pub mod pki;
 pub mod ports;
 pub mod process;
+mod stale_state;
 pub mod toolchain;
 pub mod versions;
 
