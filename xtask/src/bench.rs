@@ -147,6 +147,10 @@ struct DriverArgs {
     /// Bursts of each size per driver.
     #[arg(long, default_value_t = 5)]
     burst_rounds: usize,
+    /// Bursts of each size per driver run first and not counted (the first
+    /// burst after a quiet spell is slow for whichever driver runs it).
+    #[arg(long, default_value_t = 1)]
+    warm_up_bursts: usize,
     #[command(flatten)]
     common: Common,
 }
@@ -238,6 +242,11 @@ fn run_drivers(args: DriverArgs) -> Result<()> {
         refdriver,
         bursts: args.bursts,
         burst_rounds: args.burst_rounds,
+        warm_up_bursts: if args.burst_rounds == 0 {
+            0
+        } else {
+            args.warm_up_bursts
+        },
     };
     eprintln!(
         "==> bench: Kubernetes {version}, {} rounds per driver, {} s steady window",

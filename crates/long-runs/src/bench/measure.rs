@@ -162,14 +162,18 @@ pub fn parse_audit_log(text: &str) -> Vec<AuditRequest> {
 
 /// API server time (ms) of the claim GETs of `user` received in `[from, to)`.
 pub fn claim_get_server_ms(requests: &[AuditRequest], user: &str, from: f64, to: f64) -> Stats {
-    let ms: Vec<f64> = requests
+    Stats::of(&claim_gets_server_ms(requests, user, from, to))
+}
+
+/// [`claim_get_server_ms`], each GET's time.
+pub fn claim_gets_server_ms(requests: &[AuditRequest], user: &str, from: f64, to: f64) -> Vec<f64> {
+    requests
         .iter()
         .filter(|r| r.user == user && r.verb == "get" && r.resource == "resourceclaims")
         .filter(|r| r.received >= from && r.received < to)
         .filter_map(|r| r.server_seconds())
         .map(|s| s * 1e3)
-        .collect();
-    Stats::of(&ms)
+        .collect()
 }
 
 /// Requests of one client, by kind.

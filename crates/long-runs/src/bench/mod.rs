@@ -81,6 +81,10 @@ pub struct BenchOptions {
     pub bursts: Vec<usize>,
     /// Bursts of each size per driver.
     pub burst_rounds: usize,
+    /// Bursts of each size per driver run before those, and not counted:
+    /// the first burst after a quiet spell is slow for whichever driver
+    /// runs it (docs/performance.md), and the order gave it to ours.
+    pub warm_up_bursts: usize,
 }
 
 /// The pieces of one driver under test.
@@ -302,8 +306,11 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
     let kubelet_log = node_dir.join("kubelet.log");
     let mut bursts = Vec::new();
     for &pods in &options.bursts {
-        for i in 0..options.burst_rounds {
-            let order = if i % 2 == 0 {
+        let warm_up = options.warm_up_bursts;
+        for i in 0..warm_up + options.burst_rounds {
+            // Each pair alternates who goes first; the measured ones start
+            // with ours.
+            let order = if (i + warm_up).is_multiple_of(2) {
                 [&ours, &reference]
             } else {
                 [&reference, &ours]
@@ -318,11 +325,17 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
                     selector: None,
                     pid: Some(s.pid),
                 };
-                let b = burst::run_burst(&client, &target, pods, i).await?;
+                // Warm-up bursts take the indexes after the measured ones
+                // (the objects' names carry the index).
+                let (index, name) = if i < warm_up {
+                    (options.burst_rounds + i, format!("warm-up {}", i + 1))
+                } else {
+                    (i - warm_up, format!("#{}", i - warm_up + 1))
+                };
+                let b = burst::run_burst(&client, &target, pods, index).await?;
                 let st = b.prepare_stats();
                 eprintln!(
-                    "bench: burst {pods:>2} #{} {:<12} prepare calls {} p50 {:>7.2} ms max {:>7.2} ms span {:>7.1} ms; created -> last Running {:>6.0} ms (node CPUs {} busy, driver {} ms CPU); unprepare span {:>7.1} ms",
-                    i + 1,
+                    "bench: burst {pods:>2} {name} {:<12} prepare calls {} p50 {:>7.2} ms max {:>7.2} ms span {:>7.1} ms; created -> last Running {:>6.0} ms (node CPUs {} busy, driver {} ms CPU); unprepare span {:>7.1} ms",
                     s.label,
                     st.n,
                     st.p50,
@@ -336,7 +349,24 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
                     b.driver_cpu_ms.map_or("?".into(), |ms| format!("{ms:.0}")),
                     b.unprepare_span_ms
                 );
-                bursts.push(b);
+                if i >= warm_up {
+                    bursts.push(b);
+                }
+            }
+        }
+    }
+    if !bursts.is_empty() {
+        // The bursts' claim GETs as the API server timed them (its audit
+        // log is written a moment after each request ends).
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let audit = read_audit(&run_dir)?;
+        for b in &mut bursts {
+            let user = [&ours, &reference]
+                .into_iter()
+                .find(|s| s.driver == b.driver)
+                .map(|s| s.user.as_str());
+            if let (Some(user), Some((from, to))) = (user, b.window_unix) {
+                b.claim_get_server_ms = measure::claim_gets_server_ms(&audit, user, from, to);
             }
         }
     }

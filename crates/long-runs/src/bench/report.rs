@@ -224,6 +224,8 @@ pub struct BurstFigures {
     pub node_busy_share: Stats,
     /// Per burst with the figure: the driver's CPU time in that window, ms.
     pub driver_cpu_ms: Stats,
+    /// Every claim GET of those bursts as the API server timed it, ms.
+    pub claim_get_server_ms: Stats,
 }
 
 impl BurstFigures {
@@ -263,6 +265,7 @@ impl BurstFigures {
                     .filter_map(|b| b.driver_cpu_ms)
                     .collect::<Vec<_>>(),
             ),
+            claim_get_server_ms: all(|b| &b.claim_get_server_ms),
         }
     }
 }
@@ -318,6 +321,13 @@ impl BenchReport {
                 o.prepare_call_ms.max,
                 r.prepare_call_ms.max,
             );
+            if o.claim_get_server_ms.n > 0 && r.claim_get_server_ms.n > 0 {
+                row(
+                    format!("N={pods} claim GET in the API server p50"),
+                    o.claim_get_server_ms.p50,
+                    r.claim_get_server_ms.p50,
+                );
+            }
             row(
                 format!("N={pods} first call -> last answer p50"),
                 o.prepare_span_ms.p50,
@@ -372,6 +382,28 @@ impl BenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bursts_pool_their_claim_gets_and_older_reports_have_none() {
+        let burst = |gets: &[f64]| {
+            let mut b: Burst = serde_json::from_value(serde_json::json!({
+                "driver": "d", "pods": 16, "index": 0, "prepare_call_ms": [],
+                "prepare_span_ms": 0.0, "prepare_hist_calls": 0, "prepare_hist_s": 0.0,
+                "unprepare_call_ms": [], "unprepare_span_ms": 0.0, "unprepare_hist_calls": 0,
+                "unprepare_hist_s": 0.0, "created_to_last_running_ms": 0.0,
+                "deleted_to_last_gone_ms": 0.0
+            }))
+            .unwrap();
+            assert!(b.claim_get_server_ms.is_empty() && b.window_unix.is_none());
+            b.claim_get_server_ms = gets.to_vec();
+            b
+        };
+        let (a, b) = (burst(&[1.0, 9.0]), burst(&[3.0]));
+        let f = BurstFigures::of(&[&a, &b]);
+        assert_eq!(f.claim_get_server_ms.n, 3);
+        assert_eq!(f.claim_get_server_ms.max, 9.0);
+        assert_eq!(BurstFigures::of(&[]).claim_get_server_ms.n, 0);
+    }
 
     #[test]
     fn ratio_is_ours_over_reference() {
