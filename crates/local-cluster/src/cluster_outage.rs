@@ -11,10 +11,9 @@ use std::time::Duration;
 
 use crate::cgroups;
 use crate::cluster::LocalCluster;
-use crate::cluster_restart::proc_strings;
 use crate::error::{Error, Result};
 use crate::kubelet_socket;
-use crate::process::ManagedProcess;
+use crate::process::{ManagedProcess, proc_strings};
 
 /// A process stopped by [`LocalCluster::stop_kubelet`] or
 /// [`LocalCluster::stop_control_plane`], ready to be started again.

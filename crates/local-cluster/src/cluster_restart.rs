@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::cgroups;
 use crate::cluster::LocalCluster;
 use crate::error::{Error, Result};
-use crate::process::ManagedProcess;
+use crate::process::{ManagedProcess, proc_strings};
 
 impl LocalCluster {
     /// The pid of the running control-plane process `name` (`kube-apiserver`).
@@ -84,15 +84,4 @@ impl LocalCluster {
         .await?;
         Ok(pid)
     }
-}
-
-/// A NUL-separated `/proc/<pid>/<file>` as strings.
-pub(crate) fn proc_strings(pid: i32, file: &str) -> Result<Vec<String>> {
-    let path = format!("/proc/{pid}/{file}");
-    let bytes = std::fs::read(&path).map_err(crate::error::io("reading", &path))?;
-    Ok(bytes
-        .split(|b| *b == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| String::from_utf8_lossy(s).into_owned())
-        .collect())
 }

@@ -187,6 +187,17 @@ fn started_at(fields: &[String]) -> Option<u64> {
     fields.get(22 - 3)?.parse().ok()
 }
 
+/// A NUL-separated `/proc/<pid>/<file>` as strings.
+pub(crate) fn proc_strings(pid: i32, file: &str) -> Result<Vec<String>> {
+    let path = format!("/proc/{pid}/{file}");
+    let bytes = std::fs::read(&path).map_err(crate::error::io("reading", &path))?;
+    Ok(bytes
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect())
+}
+
 /// True while a process with this pid exists (and is not a zombie we own).
 pub fn pid_alive(pid: i32) -> bool {
     stat_fields(pid).is_some_and(|f| live(&f))

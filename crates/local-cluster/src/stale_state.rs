@@ -42,13 +42,13 @@ pub(crate) fn fresh_state_dir(keep: bool) -> crate::error::Result<PathBuf> {
 }
 
 /// What [`sweep`] did with one dir.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Swept {
-    Removed(PathBuf),
-    /// Its run is gone, but mounts below it stayed: left in place.
-    MountsLeft(PathBuf, Vec<PathBuf>),
     /// Its run is gone, but a living process names it: left in place.
     InUse(PathBuf),
+    /// Its run is gone, but mounts below it stayed: left in place.
+    MountsLeft(PathBuf, Vec<PathBuf>),
+    Removed(PathBuf),
 }
 
 /// The pids a state dir's name can stand for: the whole name in hex, and the
@@ -78,14 +78,9 @@ fn command_lines() -> Vec<String> {
     };
     entries
         .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
-        .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| crate::process::proc_strings(pid, "cmdline").ok())
+        .map(|args| args.join(" "))
         .collect()
 }
 
@@ -128,7 +123,7 @@ pub(crate) fn sweep(
             out.push(Swept::Removed(path));
         }
     }
-    out.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+    out.sort();
     out
 }
 
