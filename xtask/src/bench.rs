@@ -242,11 +242,7 @@ fn run_drivers(args: DriverArgs) -> Result<()> {
         refdriver,
         bursts: args.bursts,
         burst_rounds: args.burst_rounds,
-        warm_up_bursts: if args.burst_rounds == 0 {
-            0
-        } else {
-            args.warm_up_bursts
-        },
+        warm_up_bursts: args.warm_up_bursts,
     };
     eprintln!(
         "==> bench: Kubernetes {version}, {} rounds per driver, {} s steady window",

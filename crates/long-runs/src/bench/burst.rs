@@ -161,10 +161,11 @@ pub struct Burst {
     /// The driver's own CPU time in the same window, ms.
     #[serde(default)]
     pub driver_cpu_ms: Option<f64>,
-    /// All pods created and the last one Running, unix seconds: the window
-    /// in which the driver's claim GETs are looked up in the audit log.
+    /// When all pods were created, unix seconds: with
+    /// `created_to_last_running_ms`, the window in which the driver's claim
+    /// GETs are looked up in the audit log.
     #[serde(default)]
-    pub window_unix: Option<(f64, f64)>,
+    pub created_unix: Option<f64>,
     /// The API server's time for each claim GET of the driver in that
     /// window, ms (audit log; filled in once every burst has run): the part
     /// of a prepare call that the server, not the driver, spends.
@@ -296,10 +297,6 @@ pub async fn run_burst(
         }
     }
     let created_to_last_running_ms = last_running.duration_since(created_at).as_secs_f64() * 1e3;
-    let window_unix = Some((
-        created_unix,
-        created_unix + created_to_last_running_ms / 1e3,
-    ));
     // Read once all are Running (a watch event later than the last one's
     // transition by at most its delivery).
     let cpu_after = (
@@ -387,7 +384,7 @@ pub async fn run_burst(
         node_busy_ms: busy(cpu_before.0, cpu_after.0),
         node_cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
         driver_cpu_ms: busy(cpu_before.1, cpu_after.1),
-        window_unix,
+        created_unix: Some(created_unix),
         claim_get_server_ms: Vec::new(),
     })
 }

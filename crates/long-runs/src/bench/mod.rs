@@ -284,15 +284,8 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
         .iter()
         .map(|s| proc_memory_kib(s.pid).unwrap_or_default())
         .collect();
-    // The claim GETs of the rounds as the API server timed them: the part
-    // of a prepare no driver can make faster by its own code.
+    // The rounds' claim GETs are read from the audit log after the bursts.
     let rounds_to = unix_now();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let audit = read_audit(&run_dir)?;
-    let claim_gets: Vec<Stats> = [&ours, &reference]
-        .iter()
-        .map(|s| claim_get_server_ms(&audit, &s.user, rounds_from, rounds_to))
-        .collect();
     // The drivers' timing lines pair with the single-pod rounds' calls
     // only: split them before the bursts add lines of their own.
     let breakdowns: Vec<Option<breakdown::Breakdown>> = [&ours, &reference]
@@ -306,7 +299,12 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
     let kubelet_log = node_dir.join("kubelet.log");
     let mut bursts = Vec::new();
     for &pods in &options.bursts {
-        let warm_up = options.warm_up_bursts;
+        // Warm-ups only before bursts that are counted.
+        let warm_up = if options.burst_rounds == 0 {
+            0
+        } else {
+            options.warm_up_bursts
+        };
         for i in 0..warm_up + options.burst_rounds {
             // Each pair alternates who goes first; the measured ones start
             // with ours.
@@ -355,19 +353,23 @@ async fn run_on(testbed: &LocalTestbed, options: &BenchOptions) -> Result<BenchR
             }
         }
     }
-    if !bursts.is_empty() {
-        // The bursts' claim GETs as the API server timed them (its audit
-        // log is written a moment after each request ends).
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let audit = read_audit(&run_dir)?;
-        for b in &mut bursts {
-            let user = [&ours, &reference]
-                .into_iter()
-                .find(|s| s.driver == b.driver)
-                .map(|s| s.user.as_str());
-            if let (Some(user), Some((from, to))) = (user, b.window_unix) {
-                b.claim_get_server_ms = measure::claim_gets_server_ms(&audit, user, from, to);
-            }
+    // The claim GETs of the rounds and of each burst as the API server timed
+    // them (its audit log is written a moment after each request ends): the
+    // part of a prepare no driver can make faster by its own code.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let audit = read_audit(&run_dir)?;
+    let claim_gets: Vec<Stats> = [&ours, &reference]
+        .iter()
+        .map(|s| claim_get_server_ms(&audit, &s.user, rounds_from, rounds_to))
+        .collect();
+    for b in &mut bursts {
+        let user = [&ours, &reference]
+            .into_iter()
+            .find(|s| s.driver == b.driver)
+            .map(|s| s.user.as_str());
+        if let (Some(user), Some(from)) = (user, b.created_unix) {
+            let to = from + b.created_to_last_running_ms / 1e3;
+            b.claim_get_server_ms = measure::claim_gets_server_ms(&audit, user, from, to);
         }
     }
     let figures = |i: usize, s: &Subject| {

@@ -394,7 +394,7 @@ mod tests {
                 "deleted_to_last_gone_ms": 0.0
             }))
             .unwrap();
-            assert!(b.claim_get_server_ms.is_empty() && b.window_unix.is_none());
+            assert!(b.claim_get_server_ms.is_empty() && b.created_unix.is_none());
             b.claim_get_server_ms = gets.to_vec();
             b
         };
