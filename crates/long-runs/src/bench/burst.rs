@@ -22,7 +22,7 @@
 //! pods (kubelet, containerd, runc, the control plane), which both drivers'
 //! pods need alike; the driver's share says what the driver adds to it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::measure::Stats;
+use super::process_cpu::Snapshot;
 use super::rounds::{self, NAMESPACE, grpc_totals, kube_err, kubelet_metrics};
 use local_cluster::error::{Error, Result};
 
@@ -171,6 +172,11 @@ pub struct Burst {
     /// of a prepare call that the server, not the driver, spends.
     #[serde(default)]
     pub claim_get_server_ms: Vec<f64>,
+    /// CPU time per process name in the same window as `node_busy_ms`, ms
+    /// ([`super::process_cpu`]): which of kubelet, containerd, the shims,
+    /// the control plane or the driver the burst kept busy.
+    #[serde(default)]
+    pub cpu_by_process_ms: BTreeMap<String, f64>,
 }
 
 impl Burst {
@@ -263,6 +269,7 @@ pub async fn run_burst(
         node_busy_seconds(),
         pid.and_then(super::idle::proc_cpu_seconds),
     );
+    let processes_before = Snapshot::now();
     let pods_to_create = names
         .iter()
         .map(|name| rounds::pod(name, node, json!({"burst": label})))
@@ -303,6 +310,8 @@ pub async fn run_burst(
         node_busy_seconds(),
         pid.and_then(super::idle::proc_cpu_seconds),
     );
+    let cpu_by_process_ms =
+        processes_before.growth_ms(&Snapshot::now(), super::idle::clock_ticks());
     let busy = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a) * 1e3);
     let prepared = kubelet_metrics(client, node).await?;
 
@@ -386,6 +395,7 @@ pub async fn run_burst(
         driver_cpu_ms: busy(cpu_before.1, cpu_after.1),
         created_unix: Some(created_unix),
         claim_get_server_ms: Vec::new(),
+        cpu_by_process_ms,
     })
 }
 

@@ -36,6 +36,7 @@ pub mod pool_timer;
 pub mod probe_storm;
 pub mod probes;
 mod probes_report;
+pub mod process_cpu;
 pub mod refdriver;
 mod report;
 pub mod rounds;

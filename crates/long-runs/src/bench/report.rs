@@ -1,5 +1,7 @@
 //! The driver benchmark's result: JSON for the history, a table for people.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde::Serialize;
 
 use super::breakdown::Breakdown;
@@ -7,6 +9,10 @@ use super::burst::Burst;
 use super::idle::IdleCost;
 use super::measure::{RequestCounts, Stats};
 use super::rounds::Round;
+
+/// A process gets a row of its own in the burst table from this much CPU
+/// (p50 per burst, either driver's) up; the node's total row counts all.
+const PROCESS_ROW_FLOOR_MS: f64 = 20.0;
 
 /// Everything measured of one driver.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -226,6 +232,12 @@ pub struct BurstFigures {
     pub driver_cpu_ms: Stats,
     /// Every claim GET of those bursts as the API server timed it, ms.
     pub claim_get_server_ms: Stats,
+    /// Per burst with the figure: the machine's busy CPU time from
+    /// creation to the last Running, ms.
+    pub node_busy_ms: Stats,
+    /// Per process name, per burst that measured processes (a name absent
+    /// from one of them counts 0 there): its CPU time in that window, ms.
+    pub cpu_by_process_ms: BTreeMap<String, Stats>,
 }
 
 impl BurstFigures {
@@ -266,8 +278,55 @@ impl BurstFigures {
                     .collect::<Vec<_>>(),
             ),
             claim_get_server_ms: all(|b| &b.claim_get_server_ms),
+            node_busy_ms: Stats::of(
+                &bursts
+                    .iter()
+                    .filter_map(|b| b.node_busy_ms)
+                    .collect::<Vec<_>>(),
+            ),
+            cpu_by_process_ms: by_process(bursts),
         }
     }
+}
+
+/// Per process name, its CPU time in each burst that measured processes.
+fn by_process(bursts: &[&Burst]) -> BTreeMap<String, Stats> {
+    let measured: Vec<&&Burst> = bursts
+        .iter()
+        .filter(|b| !b.cpu_by_process_ms.is_empty())
+        .collect();
+    let names: BTreeSet<&String> = measured
+        .iter()
+        .flat_map(|b| b.cpu_by_process_ms.keys())
+        .collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let each: Vec<f64> = measured
+                .iter()
+                .map(|b| b.cpu_by_process_ms.get(name).copied().unwrap_or(0.0))
+                .collect();
+            (name.clone(), Stats::of(&each))
+        })
+        .collect()
+}
+
+/// The process names worth a row in a size's table: those with at least
+/// `floor_ms` of CPU p50 for either driver, the busiest (both together) first.
+fn busy_processes(o: &BurstFigures, r: &BurstFigures, floor_ms: f64) -> Vec<String> {
+    let p50 = |f: &BurstFigures, name: &str| f.cpu_by_process_ms.get(name).map_or(0.0, |s| s.p50);
+    let names: BTreeSet<&String> = o
+        .cpu_by_process_ms
+        .keys()
+        .chain(r.cpu_by_process_ms.keys())
+        .collect();
+    let mut busy: Vec<(f64, String)> = names
+        .into_iter()
+        .filter(|n| p50(o, n).max(p50(r, n)) >= floor_ms)
+        .map(|n| (p50(o, n) + p50(r, n), n.clone()))
+        .collect();
+    busy.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    busy.into_iter().map(|(_, n)| n).collect()
 }
 
 impl BenchReport {
@@ -365,6 +424,17 @@ impl BenchReport {
                     r.driver_cpu_ms.p50,
                 );
             }
+            if o.node_busy_ms.n > 0 && r.node_busy_ms.n > 0 {
+                row(
+                    format!("N={pods} node CPU till last Running p50"),
+                    o.node_busy_ms.p50,
+                    r.node_busy_ms.p50,
+                );
+            }
+            for name in busy_processes(&o, &r, PROCESS_ROW_FLOOR_MS) {
+                let p50 = |f: &BurstFigures| f.cpu_by_process_ms.get(&name).map_or(0.0, |s| s.p50);
+                row(format!("N={pods}   of it {name} p50"), p50(&o), p50(&r));
+            }
             if o.node_busy_share.n > 0 && r.node_busy_share.n > 0 {
                 out.push(format!(
                     "{:<46} {:>16} {:>16} {:>8}",
@@ -403,6 +473,35 @@ mod tests {
         assert_eq!(f.claim_get_server_ms.n, 3);
         assert_eq!(f.claim_get_server_ms.max, 9.0);
         assert_eq!(BurstFigures::of(&[]).claim_get_server_ms.n, 0);
+    }
+
+    #[test]
+    fn process_cpu_counts_an_absent_name_as_zero_and_rows_go_busiest_first() {
+        let burst = |cpu: &[(&str, f64)]| {
+            let mut b: Burst = serde_json::from_value(serde_json::json!({
+                "driver": "d", "pods": 16, "index": 0, "prepare_call_ms": [],
+                "prepare_span_ms": 0.0, "prepare_hist_calls": 0, "prepare_hist_s": 0.0,
+                "unprepare_call_ms": [], "unprepare_span_ms": 0.0, "unprepare_hist_calls": 0,
+                "unprepare_hist_s": 0.0, "created_to_last_running_ms": 0.0,
+                "deleted_to_last_gone_ms": 0.0
+            }))
+            .unwrap();
+            assert!(b.cpu_by_process_ms.is_empty(), "older reports have none");
+            b.cpu_by_process_ms = cpu.iter().map(|(n, ms)| (n.to_string(), *ms)).collect();
+            b
+        };
+        let (a, b, unmeasured) = (
+            burst(&[("etcd", 30.0), ("kubelet", 100.0)]),
+            burst(&[("kubelet", 300.0)]),
+            burst(&[]),
+        );
+        let ours = BurstFigures::of(&[&a, &b, &unmeasured]);
+        let etcd = &ours.cpu_by_process_ms["etcd"];
+        assert_eq!((etcd.n, etcd.min, etcd.max), (2, 0.0, 30.0));
+        assert_eq!(ours.cpu_by_process_ms["kubelet"].n, 2);
+        let reference = BurstFigures::of(&[&burst(&[("runc", 25.0), ("etcd", 5.0)])]);
+        // kubelet's p50 (the lower of two: 100 ms) is the busiest; etcd's (0 / 5 ms) is below the floor.
+        assert_eq!(busy_processes(&ours, &reference, 20.0), ["kubelet", "runc"]);
     }
 
     #[test]
