@@ -18,13 +18,7 @@ pub(super) fn clock_ticks() -> f64 {
 }
 
 fn cpu_seconds_from_stat(stat: &str, ticks: f64) -> Option<f64> {
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After ')': state is field 3 of the whole line, utime 14, stime 15.
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / ticks)
+    super::process_cpu::own_ticks(stat).map(|t| t as f64 / ticks)
 }
 
 /// Wake-ups of a process so far: the voluntary context switches of all its

@@ -64,6 +64,11 @@ fn counted(pid: i32, t: &Times) -> u64 {
     if pid == 1 { t.own } else { t.own + t.children }
 }
 
+/// utime + stime of one `/proc/<pid>/stat` line, ticks.
+pub(super) fn own_ticks(stat: &str) -> Option<u64> {
+    parse_stat(stat).map(|t| t.own)
+}
+
 /// What one `/proc/<pid>/stat` line says of a process's CPU time, ticks.
 #[derive(Debug, PartialEq)]
 struct Times {
