@@ -263,13 +263,14 @@ pub async fn run_burst(
             break;
         }
     }
+    // Before the clock starts: the walk of /proc is not the pods' wait.
+    let processes_before = Snapshot::now();
     let created_at = Instant::now();
     let created_unix = super::measure::unix_now();
     let cpu_before = (
         node_busy_seconds(),
         pid.and_then(super::idle::proc_cpu_seconds),
     );
-    let processes_before = Snapshot::now();
     let pods_to_create = names
         .iter()
         .map(|name| rounds::pod(name, node, json!({"burst": label})))

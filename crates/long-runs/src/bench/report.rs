@@ -252,6 +252,10 @@ impl BurstFigures {
         };
         let each =
             |f: fn(&Burst) -> f64| Stats::of(&bursts.iter().map(|b| f(b)).collect::<Vec<_>>());
+        // Per burst that has the figure (reports from before have none).
+        let measured = |f: fn(&Burst) -> Option<f64>| {
+            Stats::of(&bursts.iter().filter_map(|b| f(b)).collect::<Vec<_>>())
+        };
         BurstFigures {
             bursts: bursts.len(),
             prepare_call_ms: all(|b| &b.prepare_call_ms),
@@ -271,19 +275,9 @@ impl BurstFigures {
                     })
                     .collect::<Vec<_>>(),
             ),
-            driver_cpu_ms: Stats::of(
-                &bursts
-                    .iter()
-                    .filter_map(|b| b.driver_cpu_ms)
-                    .collect::<Vec<_>>(),
-            ),
+            driver_cpu_ms: measured(|b| b.driver_cpu_ms),
             claim_get_server_ms: all(|b| &b.claim_get_server_ms),
-            node_busy_ms: Stats::of(
-                &bursts
-                    .iter()
-                    .filter_map(|b| b.node_busy_ms)
-                    .collect::<Vec<_>>(),
-            ),
+            node_busy_ms: measured(|b| b.node_busy_ms),
             cpu_by_process_ms: by_process(bursts),
         }
     }
@@ -453,17 +447,22 @@ impl BenchReport {
 mod tests {
     use super::*;
 
+    /// A burst as a report written before the optional fields read.
+    fn older_burst() -> Burst {
+        serde_json::from_value(serde_json::json!({
+            "driver": "d", "pods": 16, "index": 0, "prepare_call_ms": [],
+            "prepare_span_ms": 0.0, "prepare_hist_calls": 0, "prepare_hist_s": 0.0,
+            "unprepare_call_ms": [], "unprepare_span_ms": 0.0, "unprepare_hist_calls": 0,
+            "unprepare_hist_s": 0.0, "created_to_last_running_ms": 0.0,
+            "deleted_to_last_gone_ms": 0.0
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn bursts_pool_their_claim_gets_and_older_reports_have_none() {
         let burst = |gets: &[f64]| {
-            let mut b: Burst = serde_json::from_value(serde_json::json!({
-                "driver": "d", "pods": 16, "index": 0, "prepare_call_ms": [],
-                "prepare_span_ms": 0.0, "prepare_hist_calls": 0, "prepare_hist_s": 0.0,
-                "unprepare_call_ms": [], "unprepare_span_ms": 0.0, "unprepare_hist_calls": 0,
-                "unprepare_hist_s": 0.0, "created_to_last_running_ms": 0.0,
-                "deleted_to_last_gone_ms": 0.0
-            }))
-            .unwrap();
+            let mut b = older_burst();
             assert!(b.claim_get_server_ms.is_empty() && b.created_unix.is_none());
             b.claim_get_server_ms = gets.to_vec();
             b
@@ -478,14 +477,7 @@ mod tests {
     #[test]
     fn process_cpu_counts_an_absent_name_as_zero_and_rows_go_busiest_first() {
         let burst = |cpu: &[(&str, f64)]| {
-            let mut b: Burst = serde_json::from_value(serde_json::json!({
-                "driver": "d", "pods": 16, "index": 0, "prepare_call_ms": [],
-                "prepare_span_ms": 0.0, "prepare_hist_calls": 0, "prepare_hist_s": 0.0,
-                "unprepare_call_ms": [], "unprepare_span_ms": 0.0, "unprepare_hist_calls": 0,
-                "unprepare_hist_s": 0.0, "created_to_last_running_ms": 0.0,
-                "deleted_to_last_gone_ms": 0.0
-            }))
-            .unwrap();
+            let mut b = older_burst();
             assert!(b.cpu_by_process_ms.is_empty(), "older reports have none");
             b.cpu_by_process_ms = cpu.iter().map(|(n, ms)| (n.to_string(), *ms)).collect();
             b
